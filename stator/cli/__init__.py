@@ -1,0 +1,1 @@
+"""The `stator` command line: one module per subcommand, each with a config dataclass."""

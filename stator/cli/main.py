@@ -1,0 +1,52 @@
+"""`stator`: entry point. Subcommands live in `stator.cli.<name>` and are imported lazily
+so that `stator --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from stator import __version__
+
+# Subcommand module names, in the order `--help` lists them. Each module defines
+# `register(subparsers)`, which adds its parser and sets `func` to a callable(args) -> int.
+SUBCOMMANDS: list[str] = []
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stator",
+        description="stator: OpenAI-compatible LLM serving, from one process to a cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"stator {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="Logging level (default: INFO)",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"stator.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, _unknown = parser.parse_known_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    # A subcommand may accept pass-through flags (e.g. vLLM's engine arguments).
+    if not getattr(args, "accepts_unknown", False):
+        args = parser.parse_args(argv)
+    from stator.logs import setup_logging
+
+    setup_logging(args.log_level)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
