@@ -8,11 +8,17 @@ from collections.abc import AsyncIterator
 from stator.protocols import EngineOutput, EngineRequest, ModelCard
 from stator.router.config import RouterConfig
 from stator.router.policies import make_policy
-from stator.runtime import Client, NoInstances
+from stator.runtime import Client, NoInstances, Runtime
 
 
 class Router:
-    def __init__(self, client: Client, card: ModelCard, config: RouterConfig) -> None:
+    """`runtime` gives access to the event plane (KV events, load reports); `client`
+    tracks the model's live workers; `card` gives the block size and KV capacity."""
+
+    def __init__(
+        self, runtime: Runtime, client: Client, card: ModelCard, config: RouterConfig
+    ) -> None:
+        self.runtime = runtime
         self.client = client
         self.card = card
         self.config = config
@@ -33,6 +39,9 @@ class Router:
                 yield output
         finally:
             await stream.aclose()
+
+    async def start(self) -> None:
+        """Start background tasks (none for the load-blind policies)."""
 
     async def close(self) -> None:
         """Release background tasks (none for the load-blind policies)."""
