@@ -5,7 +5,8 @@
 - chat template + tokenize of a ~512-token chat prompt, ms per request.
 
 Tokenizers are trained on the fly (nothing can be downloaded): the tests' 2k-vocab
-byte-level BPE and a 32k-vocab one closer to real models.
+byte-level BPE, a 32k-vocab one closer to real models (both take the byte-table fast
+path), and a SentencePiece-style byte-fallback one (the windowed decode path).
 
     python benchmarks/llm_hot_path.py [--tokens 20000] [--repeat 200]
 """
@@ -13,6 +14,7 @@ byte-level BPE and a 32k-vocab one closer to real models.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -32,7 +34,8 @@ from stator.llm import (
     Tokenizer,
 )
 from stator.protocols import EngineOutput
-from tests.model_factory import SPECIAL_TOKENS, make_model_dir, training_text
+from tests.llm.sentencepiece_style import make_byte_fallback_dir
+from tests.model_factory import CHATML_TEMPLATE, SPECIAL_TOKENS, make_model_dir, training_text
 
 GENERATED = (
     "Here is the plan. First, read the file and parse each line; then build the index.\n"
@@ -147,6 +150,12 @@ def main() -> None:
         bench("test tokenizer", small, args.tokens, args.repeat)
         large = big_tokenizer(Path(tmp) / "large", 32000)
         bench("32k byte-level BPE", large, args.tokens, args.repeat)
+        # SentencePiece style (byte fallback): the windowed decode path.
+        spm = make_byte_fallback_dir(Path(tmp) / "spm")
+        (spm / "tokenizer_config.json").write_text(
+            json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": CHATML_TEMPLATE})
+        )
+        bench("1.5k SentencePiece-style BPE, byte fallback", spm, args.tokens, args.repeat)
 
 
 if __name__ == "__main__":
