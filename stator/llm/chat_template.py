@@ -210,7 +210,7 @@ class ChatTemplate:
     def select(self, tools: list | None) -> str:
         """HF's choice among named templates: "tool_use" when tools are given, else
         "default"; a single template is always "default"."""
-        if tools and "tool_use" in self.templates:
+        if tools is not None and "tool_use" in self.templates:
             return self.templates["tool_use"]
         if "default" in self.templates:
             return self.templates["default"]
