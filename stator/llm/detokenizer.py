@@ -19,8 +19,9 @@ decoder chain), so a window never starts on an invisible token, and "Hi</s> ther
 
 Byte-level BPE (GPT-2, Llama 3, Qwen, ...) takes a faster road with the same result: its
 decoding is just "concatenate each token's bytes, decode UTF-8 with replacement", so we
-keep a table of token bytes and feed them to Python's incremental UTF-8 decoder, which
-holds an incomplete character's bytes by itself. No decode call into the tokenizer at all.
+keep a table of token bytes and decode them with Python's C UTF-8 decoder in its
+incremental mode (`final=False`), which leaves an incomplete trailing character's bytes
+undecoded until the next token. No call into the tokenizer per token at all.
 """
 
 from __future__ import annotations
