@@ -1,1 +1,13 @@
-"""parsers"""
+"""Reasoning and tool-call parsing of model output, and GPT-OSS Harmony. Pure and synchronous."""
+
+from stator.parsers.reasoning import ReasoningDelta, get_reasoning_parser
+from stator.parsers.tool_calls import ToolCall, ToolCallDelta, ToolDelta, get_tool_call_parser
+
+__all__ = [
+    "ReasoningDelta",
+    "ToolCall",
+    "ToolCallDelta",
+    "ToolDelta",
+    "get_reasoning_parser",
+    "get_tool_call_parser",
+]
