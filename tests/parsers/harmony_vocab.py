@@ -115,7 +115,9 @@ def o200k_harmony_tokenizer_json() -> Path:
     tokenizer.add_special_tokens(specials)
     for token_id, text in HARMONY_SPECIALS.items():
         if tokenizer.token_to_id(text) != token_id:
-            raise VocabUnavailable(f"{text} landed on {tokenizer.token_to_id(text)}, not {token_id}")
+            raise VocabUnavailable(
+                f"{text} landed on {tokenizer.token_to_id(text)}, not {token_id}"
+            )
     partial = target.with_suffix(".partial")
     tokenizer.save(str(partial))
     partial.replace(target)

@@ -35,6 +35,7 @@ class HarmonyStreamParser:
         }
         self._machine = HarmonyMessageMachine(id_factory)
         self._pending: list[int] = []
+        self._emitted = 0  # characters of decode(_pending) already passed on
 
     @property
     def stop_token_ids(self) -> tuple[int, int]:
@@ -45,11 +46,7 @@ class HarmonyStreamParser:
         for token_id in token_ids:
             marker = self._markers.get(token_id)
             if marker is None:
-                self._pending.append(token_id)
-                text = self._tokenizer.decode(self._pending, skip_special_tokens=False)
-                if not text.endswith("\ufffd"):
-                    self._pending.clear()
-                    out += self._machine.text(text)
+                out += self._decode_text(token_id)
                 continue
             out += self._flush_pending()
             out += self._machine.marker(marker)
@@ -58,12 +55,27 @@ class HarmonyStreamParser:
     def finish(self) -> HarmonyDelta:
         return self._flush_pending() + self._machine.finish()
 
+    def _decode_text(self, token_id: int) -> HarmonyDelta:
+        # Tokens whose bytes end mid-character decode to a trailing U+FFFD: hold those
+        # characters until the rest arrives, emit the rest now.
+        self._pending.append(token_id)
+        text = self._tokenizer.decode(self._pending, skip_special_tokens=False)
+        whole = text.rstrip("\ufffd")
+        delta = self._machine.text(whole[self._emitted :]) if len(whole) > self._emitted else None
+        if whole == text:
+            self._pending.clear()
+            self._emitted = 0
+        else:
+            self._emitted = len(whole)
+        return delta or HarmonyDelta()
+
     def _flush_pending(self) -> HarmonyDelta:
         if not self._pending:
             return HarmonyDelta()
-        text = self._tokenizer.decode(self._pending, skip_special_tokens=False)
+        text = self._tokenizer.decode(self._pending, skip_special_tokens=False)[self._emitted :]
         self._pending.clear()
-        return self._machine.text(text)
+        self._emitted = 0
+        return self._machine.text(text) if text else HarmonyDelta()
 
 
 class HarmonyTextParser:
