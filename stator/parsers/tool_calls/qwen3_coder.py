@@ -46,6 +46,10 @@ class Qwen3CoderToolParser(RegionToolParser):
             raise MalformedToolCall("<tool_call> without <function=...>")
         return calls
 
+    def _strip_markers(self, text: str) -> str:
+        text = re.sub(r"</?(?:function|parameter)(?:=[^>\n]*)?>", "", text)
+        return super()._strip_markers(text)
+
     def _parameter_schemas(self, name: str) -> dict:
         for tool in self.tools:
             function = tool.get("function", tool)
