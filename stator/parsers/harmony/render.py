@@ -8,6 +8,7 @@ who types `<|end|>` gets those characters, not the control token.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from stator.parsers.harmony.special_tokens import CONSTRAIN, HarmonyTokenIds
@@ -76,13 +77,11 @@ class HarmonyMessage:
 class HarmonyRenderer:
     def __init__(self, tokenizer, token_ids: HarmonyTokenIds | None = None) -> None:
         """`tokenizer`: a `tokenizers.Tokenizer` built from the model's tokenizer.json."""
-        from tokenizers import Tokenizer
-
         self._ids = token_ids or HarmonyTokenIds.from_tokenizer(tokenizer)
-        # A private copy with special-token matching off (the setting is per tokenizer object,
-        # and the caller's copy decodes model output, where specials must stay special).
-        self._tokenizer = Tokenizer.from_str(tokenizer.to_str())
-        self._tokenizer.encode_special_tokens = True
+        self._tokenizer = tokenizer
+        added = sorted(t.content for t in tokenizer.get_added_tokens_decoder().values())
+        self._added_pattern = re.compile("|".join(re.escape(t) for t in added if t))
+        self._literal_tokenizer = None
 
     @property
     def token_ids(self) -> HarmonyTokenIds:
@@ -142,7 +141,21 @@ class HarmonyRenderer:
     def _text(self, text: str) -> list[int]:
         if not text:
             return []
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        tokenizer = self._tokenizer
+        if self._added_pattern.search(text):
+            tokenizer = self._literal()
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _literal(self):
+        """A copy of the tokenizer that reads special-token text as plain text. Built only
+        when a message contains such text (the copy takes seconds for a 200k vocabulary), and
+        a copy because the setting is per object and the shared one must keep specials."""
+        if self._literal_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            self._literal_tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
+            self._literal_tokenizer.encode_special_tokens = True
+        return self._literal_tokenizer
 
 
 def drop_analysis_of_finished_turns(messages: list[HarmonyMessage]) -> list[HarmonyMessage]:

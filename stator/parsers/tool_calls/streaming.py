@@ -41,6 +41,7 @@ class RegionToolParser:
         self._buffer = ""
         self._in_region = False
         self._region_marker = ""
+        self._scanned = 0  # region text already searched for the end marker
         self._next_index = 0
 
     def parse_region(self, start_marker: str, body: str, *, complete: bool) -> ParsedCalls:
@@ -66,9 +67,12 @@ class RegionToolParser:
                 self._in_region, self._region_marker = True, marker
             if self.end_marker is None:
                 return out
-            end = self._buffer.find(self.end_marker)
+            # Resume the search where the last one stopped: a long region is scanned once.
+            end = self._buffer.find(self.end_marker, self._scanned)
             if end < 0:
+                self._scanned = max(0, len(self._buffer) - len(self.end_marker) + 1)
                 return out
+            self._scanned = 0
             body = self._buffer[:end]
             self._buffer = self._buffer[end + len(self.end_marker) :]
             self._in_region = False
@@ -82,6 +86,7 @@ class RegionToolParser:
             out.content += self._buffer
         self._buffer = ""
         self._in_region = False
+        self._scanned = 0
         return out
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
