@@ -96,6 +96,7 @@ CASES = [
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n', "", [("f", {"a": 1})]),
     ("hermes", "a < b and <tool> is not <tool_call", "a < b and <tool> is not <tool_call", []),
     ("hermes", "<tool_call></tool_call>", "", []),
+    ("hermes", "stray </tool_call> end marker", "stray  end marker", []),
     # -- llama3_json ----------------------------------------------------------------------
     (
         "llama3_json",
@@ -220,6 +221,7 @@ CASES = [
         [],
     ),
     ("deepseek_v3", "no calls <｜tool", "no calls <｜tool", []),
+    ("deepseek_v3", "stray <｜tool▁sep｜>sep<｜tool▁calls▁end｜>", "stray sep", []),
     # -- harmony (text level) -------------------------------------------------------------
     (
         "harmony",

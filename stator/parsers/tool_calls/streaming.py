@@ -5,12 +5,12 @@ for "the rest of the output") and how to turn a region's text into calls. Text t
 start of a start marker is held back (jailed); a region is emitted as calls only when it is
 complete, so a call is never streamed and then withdrawn. A region whose text does not parse
 is reported as content with its markers removed: the model's words are kept, markers never
-reach the client.
+reach the client. End and inner markers met outside a region are dropped for the same reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from stator.parsers.jail import find_first, partial_marker_len
 from stator.parsers.tool_calls.base import (
@@ -30,10 +30,10 @@ class MalformedToolCall(ValueError):
 
 
 class RegionToolParser:
-    start_markers: Sequence[str] = ()
+    start_markers: tuple[str, ...] = ()
     end_marker: str | None = None
-    # Markers stripped from a malformed region before it is shown as content.
-    all_markers: Sequence[str] = ()
+    # Inner markers: stripped from a malformed region before it is shown as content.
+    all_markers: tuple[str, ...] = ()
 
     def __init__(self, *, tools: list[dict], id_factory: Callable[[], str]) -> None:
         self.tools = tools
@@ -43,6 +43,10 @@ class RegionToolParser:
         self._region_marker = ""
         self._scanned = 0  # region text already searched for the end marker
         self._next_index = 0
+        # End and inner markers outside a region are strays (a confused model): dropped,
+        # since marker text never reaches content.
+        self._strays = tuple(m for m in (self.end_marker, *self.all_markers) if m)
+        self._outside_markers = (*self.start_markers, *self._strays)
 
     def parse_region(self, start_marker: str, body: str, *, complete: bool) -> ParsedCalls:
         """Calls in one region (`complete`: its end marker was seen). Raise MalformedToolCall."""
@@ -55,15 +59,17 @@ class RegionToolParser:
         out = ToolDelta()
         while True:
             if not self._in_region:
-                hit = find_first(self._buffer, self.start_markers)
+                hit = find_first(self._buffer, self._outside_markers)
                 if hit is None:
-                    keep = partial_marker_len(self._buffer, self.start_markers)
+                    keep = partial_marker_len(self._buffer, self._outside_markers)
                     out.content += self._buffer[: len(self._buffer) - keep]
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     return out
                 pos, marker = hit
                 out.content += self._buffer[:pos]
                 self._buffer = self._buffer[pos + len(marker) :]
+                if marker in self._strays:
+                    continue
                 self._in_region, self._region_marker = True, marker
             if self.end_marker is None:
                 return out
