@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 # Event batches kept for a slow (or absent) consumer before the oldest are dropped; the
 # event-id gap then tells the consumer to resync from `kv_state()`.
 MAX_PENDING_EVENT_BATCHES = 10_000
+# How far (seconds) the simulated clock may run behind the wall clock before it gives up
+# catching up.
+MAX_CATCH_UP = 0.005
 
 
 @dataclass(eq=False)
@@ -269,22 +272,30 @@ class MockerEngine(Engine):
     async def _loop(self, rank: _Rank) -> None:
         loop = asyncio.get_running_loop()
         scheduler, blocks, timer = rank.scheduler, rank.blocks, self.timer
+        # Simulated clock: when the previous step ended. Steps run back to back are laid
+        # end to end on it, so the event loop's timer lateness (about 0.1–1 ms per sleep)
+        # does not add up over a stream; after idling it restarts from now.
+        clock = loop.time()
         while True:
             if not scheduler.has_work:
                 rank.wake.clear()
                 await rank.wake.wait()
-            started = loop.time()
+                clock = loop.time()
             step = scheduler.schedule()
             if step.empty:
                 if not step.preempted:  # nothing fits now; wait for a change
                     rank.wake.clear()
                     await rank.wake.wait()
+                    clock = loop.time()
                 continue
             shape = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
             self._publish(rank)  # evictions made by this step's allocations
-            delay = started + timer.step_seconds(shape) - loop.time()
+            now = loop.time()
+            # Never owe more than MAX_CATCH_UP: a starved process should run slow, not
+            # burst many steps at once.
+            clock = max(clock, now - MAX_CATCH_UP) + timer.step_seconds(shape)
             # Sleep the step; at speedup 0 still yield so streams and arrivals get a turn.
-            await asyncio.sleep(delay if delay > 0 else 0)
+            await asyncio.sleep(clock - now if clock > now else 0)
             for seq in scheduler.complete(step):
                 self._emit(rank, seq)
             self._publish(rank)

@@ -66,9 +66,16 @@ def test_scheduled_step_duration_matches_the_model():
     step = sched.schedule()
     s = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
     assert (s.prefill_tokens, s.num_decode, s.active_kv_blocks) == (40, 0, 3)
-    ms = 4.209989e-7 * 1600 + 1.518344e-2 * 40 + 16.50142
-    u = 3 / 100
-    ms += -25.74 * u * u + 54.01 * u + 5.74
+    ms = 4.209989e-7 * 1600 + 1.518344e-2 * 40 + 16.50142  # prefill only: no decode term
+    assert StepTimer().step_seconds(s) == pytest.approx(ms / 1000)
+    sched.complete(step)
+    sched.append_token(sched.running[0], 5)
+    sched.add(Sequence("b", list(range(50, 60)), 10))
+    step = sched.schedule()
+    s = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
+    assert (s.prefill_tokens, s.num_decode, s.active_kv_blocks) == (10, 1, 4)
+    u = 4 / 100
+    ms = 4.209989e-7 * 100 + 1.518344e-2 * 10 + 16.50142 + (-25.74 * u * u + 54.01 * u + 5.74)
     assert StepTimer().step_seconds(s) == pytest.approx(ms / 1000)
 
 
