@@ -1,15 +1,16 @@
 """Does stator's mocker behave like Dynamo's? Same workloads, same parameters, both mockers.
 
-Dynamo 1.6.1 (frontend + mocker, installed in a venv outside the repo, see
-/work/shared/reference/dynamo-live.md) is driven over HTTP on 127.0.0.1 with a streaming
-chat client. stator's mocker is driven in-process through the `Engine` API (stator's
-frontend is not in main yet) with the same closed-loop client logic and the same prompts,
-tokenized with the same tokenizer and chat template as Dynamo's frontend does.
+Both are driven over HTTP on 127.0.0.1 by the same closed-loop streaming chat client with
+the same prompts (ignore_eos, min_tokens = max_tokens = 64):
+- Dynamo 1.6.1: its frontend + mocker (+ a loopback ZMQ broker), installed in a venv outside
+  the repo (see /work/shared/reference/dynamo-live.md);
+- stator: the mocker behind `mocker_http_shim.py` (template, tokenizer, SSE), one process,
+  until `stator run --engine mocker` exists.
 
     python benchmarks/mocker_fidelity.py --dynamo-python /work/dynamo-venv/bin/python
 
-Prints one table row per (workload, system): TTFT and ITL medians and prefix-cache hits.
-"""
+Prints a table row per (workload, system): TTFT and ITL medians, prefix-cache hits and the
+servers' CPU time per request."""
 
 from __future__ import annotations
 
@@ -29,14 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import jinja2
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stator.engines.mocker import MockerConfig, create_engine
-from stator.protocols import EngineRequest, StopConditions
-from tests.model_factory import CHATML_TEMPLATE, make_model_dir
+from tests.model_factory import make_model_dir
 
 OSL = 64
 
@@ -93,26 +91,17 @@ def workloads(tokenizer: Tokenizer, requests: int) -> list[Workload]:
     return out
 
 
-_TEMPLATE = jinja2.Template(CHATML_TEMPLATE)
-
-
-def render(text: str) -> str:
-    return _TEMPLATE.render(
-        messages=[{"role": "user", "content": text}], add_generation_prompt=True
-    )
-
-
 # -- closed-loop driver --------------------------------------------------------------
 
 
 async def closed_loop(concurrency: int, prompts: list[str], one) -> list[Result]:
-    queue = list(enumerate(prompts))
+    """`concurrency` clients, each sending its next prompt as soon as its last one ends."""
+    queue = list(prompts)
     results: list[Result] = []
 
     async def worker() -> None:
         while queue:
-            i, prompt = queue.pop(0)
-            results.append(await one(i, prompt))
+            results.append(await one(queue.pop(0)))
 
     await asyncio.gather(*[worker() for _ in range(concurrency)])
     return results
@@ -144,65 +133,44 @@ zmq.proxy(xsub, xpub)
 """
 
 
-class Dynamo:
-    """Broker + mocker + frontend of Dynamo, all on loopback, stopped by PID."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, python: str, model_dir: Path, run_dir: Path, mocker_args: list[str]) -> None:
-        self.port = free_port()
-        xsub, xpub = free_port(), free_port()
-        (run_dir / "kv").mkdir(parents=True, exist_ok=True)
-        home = run_dir / "home"
-        env = dict(os.environ)
-        env.update(
-            DYN_DISCOVERY_BACKEND="file",
-            DYN_FILE_KV=str(run_dir / "kv"),
-            DYN_REQUEST_PLANE="tcp",
-            DYN_EVENT_PLANE="zmq",
-            DYN_TCP_RPC_HOST="127.0.0.1",
-            DYN_TCP_RESPONSE_STREAM_HOST="127.0.0.1",
-            DYN_EVENT_PLANE_HOST="127.0.0.1",
-            DYN_SYSTEM_HOST="127.0.0.1",
-            DYN_ZMQ_BROKER_URL=f"xsub=tcp://127.0.0.1:{xsub} , xpub=tcp://127.0.0.1:{xpub}",
-            DYN_SELF_HOST_METADATA="0",
-            DYN_LOG="warn",
-            HOME=str(home),
-            XDG_CACHE_HOME=str(home / ".cache"),
-            HF_HOME=str(home / ".cache/huggingface"),
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-        )
-        log = open(run_dir / "dynamo.log", "w")  # noqa: SIM115 - closed in stop()
-        self.log = log
-        common = dict(env=env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs = [
-            subprocess.Popen([python, "-c", BROKER, str(xsub), str(xpub)], **common),
-            subprocess.Popen(
-                [python, "-m", "dynamo.mocker", "--model-path", str(model_dir),
-                 "--model-name", "tiny", *mocker_args],
-                **common,
-            ),
-            subprocess.Popen(
-                [python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
-                 "--http-port", str(self.port), "--router-mode", "round-robin"],
-                **common,
-            ),
-        ]  # fmt: skip
-        self.url = f"http://127.0.0.1:{self.port}"
+
+class Server:
+    """Processes serving streaming chat on 127.0.0.1; stopped by PID."""
+
+    def __init__(self, run_dir: Path, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(run_dir / "server.log", "w")  # noqa: SIM115 - closed in stop()
+        self.procs: list[subprocess.Popen] = []
+        self.cpu_pids: dict[str, int] = {}  # name -> pid whose CPU time is reported
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str], measure: bool = True) -> None:
+        proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        if measure:
+            self.cpu_pids[name] = proc.pid
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(pid) for name, pid in self.cpu_pids.items()}
 
     async def wait_ready(self, session: aiohttp.ClientSession, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"a Dynamo process exited ({p.args[:3]}); see dynamo.log")
+                    raise RuntimeError(f"{p.args[:4]} exited; see {self.log.name}")
             try:
-                await self.chat(session, 0, " hello", max_tokens=1)
+                await self.chat(session, " hello", max_tokens=1)
                 return
             except (aiohttp.ClientError, RuntimeError, KeyError, IndexError):
                 await asyncio.sleep(0.5)
-        raise TimeoutError("Dynamo did not become ready")
+        raise TimeoutError("the server did not become ready")
 
-    async def chat(self, session, i: int, prompt: str, max_tokens: int = OSL) -> Result:
+    async def chat(self, session, prompt: str, max_tokens: int = OSL) -> Result:
         body = {
             "model": "tiny",
             "messages": [{"role": "user", "content": prompt}],
@@ -246,77 +214,81 @@ class Dynamo:
         self.log.close()
 
 
-async def run_dynamo(args, model_dir: Path, loads: list[Workload]) -> dict[str, list[Result]]:
-    run_dir = Path(tempfile.mkdtemp(prefix="dynamo-fidelity-"))
-    mocker_args = [
-        "--num-gpu-blocks-override", str(args.num_gpu_blocks), "--block-size", str(args.block_size),
-        "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
-        "--speedup-ratio", str(args.speedup_ratio),
-    ]  # fmt: skip
-    server = Dynamo(args.dynamo_python, model_dir, run_dir, mocker_args)
-    out = {}
+def dynamo_server(args, model_dir: Path, run_dir: Path) -> Server:
+    """Dynamo 1.6.1: ZMQ broker + mocker + frontend, every socket on loopback."""
+    server = Server(run_dir, free_port())
+    xsub, xpub = free_port(), free_port()
+    (run_dir / "kv").mkdir(parents=True, exist_ok=True)
+    home = run_dir / "home"
+    env = dict(os.environ)
+    env.update(
+        DYN_DISCOVERY_BACKEND="file",
+        DYN_FILE_KV=str(run_dir / "kv"),
+        DYN_REQUEST_PLANE="tcp",
+        DYN_EVENT_PLANE="zmq",
+        DYN_TCP_RPC_HOST="127.0.0.1",
+        DYN_TCP_RESPONSE_STREAM_HOST="127.0.0.1",
+        DYN_EVENT_PLANE_HOST="127.0.0.1",
+        DYN_SYSTEM_HOST="127.0.0.1",
+        DYN_ZMQ_BROKER_URL=f"xsub=tcp://127.0.0.1:{xsub} , xpub=tcp://127.0.0.1:{xpub}",
+        DYN_SELF_HOST_METADATA="0",
+        DYN_LOG="warn",
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / ".cache"),
+        HF_HOME=str(home / ".cache/huggingface"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    py = args.dynamo_python
+    server.start("broker", [py, "-c", BROKER, str(xsub), str(xpub)], env, measure=False)
+    server.start("mocker", [py, "-m", "dynamo.mocker", "--model-path", str(model_dir),
+                            "--model-name", "tiny",
+                            "--num-gpu-blocks-override", str(args.num_gpu_blocks),
+                            "--block-size", str(args.block_size), "--max-num-seqs", "256",
+                            "--max-num-batched-tokens", "8192",
+                            "--speedup-ratio", str(args.speedup_ratio)], env)  # fmt: skip
+    server.start("frontend", [py, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+                              "--http-port", server.url.rsplit(":", 1)[1],
+                              "--router-mode", "round-robin"], env)  # fmt: skip
+    return server
+
+
+def stator_server(args, model_dir: Path, run_dir: Path) -> Server:
+    """stator's mocker behind the benchmark's HTTP shim, in one process."""
+    server = Server(run_dir, free_port())
+    shim = Path(__file__).resolve().parent / "mocker_http_shim.py"
+    server.start("mocker+shim", [sys.executable, str(shim),
+                                 "--port", server.url.rsplit(":", 1)[1],
+                                 "--model-dir", str(model_dir),
+                                 "--num-gpu-blocks", str(args.num_gpu_blocks),
+                                 "--block-size", str(args.block_size),
+                                 "--speedup-ratio", str(args.speedup_ratio)], dict(os.environ))  # fmt: skip
+    return server
+
+
+async def run_system(make_server, args, model_dir: Path, loads: list[Workload]):
+    """Run every workload against one fresh server; returns results and CPU per workload."""
+    run_dir = Path(tempfile.mkdtemp(prefix="mocker-fidelity-run-"))
+    server = make_server(args, model_dir, run_dir)
+    out, cpu = {}, {}
     try:
         timeout = aiohttp.ClientTimeout(total=600)
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=conn) as session:
             await server.wait_ready(session)
             for w in loads:
-                await closed_loop(w.concurrency, [f" warm up {i}" for i in range(w.concurrency)],
-                                  lambda i, p: server.chat(session, i, p))  # fmt: skip
+                warm = [f" warm up {i}" for i in range(w.concurrency)]
+                await closed_loop(w.concurrency, warm, lambda p: server.chat(session, p))
+                before = server.cpu()
                 out[w.name] = await closed_loop(
-                    w.concurrency, w.prompts, lambda i, p: server.chat(session, i, p)
+                    w.concurrency, w.prompts, lambda p: server.chat(session, p)
                 )
+                after = server.cpu()
+                cpu[w.name] = {k: (after[k] - before[k]) / len(w.prompts) for k in after}
     finally:
         server.stop()
-    print(f"(Dynamo logs in {run_dir})", file=sys.stderr)
-    return out
-
-
-# -- stator in-process ---------------------------------------------------------------
-
-
-async def run_stator(args, model_dir: Path, loads: list[Workload]) -> dict[str, list[Result]]:
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    config = MockerConfig(
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size,
-        speedup_ratio=args.speedup_ratio,
-    )
-    engine = create_engine(config, str(model_dir), "tiny")
-    await engine.start()
-    counter = 0
-    # Tokenize up front: the client shares the engine's event loop, and tokenizing inside
-    # the loop would delay the other clients' arrivals.
-    texts = {p for w in loads for p in w.prompts} | {f" warm up {i}" for i in range(64)}
-    encoded = {t: tok.encode(render(t), add_special_tokens=False).ids for t in texts}
-
-    async def one(i: int, prompt: str) -> Result:
-        nonlocal counter
-        counter += 1
-        ids = encoded[prompt]
-        req = EngineRequest(
-            request_id=f"r{counter}",
-            model="tiny",
-            token_ids=ids,
-            stop=StopConditions(max_tokens=OSL, min_tokens=OSL, ignore_eos=True),
-        )
-        stamps, cached = [], 0
-        start = time.perf_counter()
-        async for out in engine.generate(req):
-            if out.cached_tokens is not None:
-                cached = out.cached_tokens
-            if out.token_ids:
-                stamps.append((time.perf_counter(), len(out.token_ids)))
-        return result(start, stamps, len(ids), cached)
-
-    out = {}
-    try:
-        for w in loads:
-            await closed_loop(w.concurrency, [f" warm up {i}" for i in range(w.concurrency)], one)
-            out[w.name] = await closed_loop(w.concurrency, w.prompts, one)
-    finally:
-        await engine.shutdown()
-    return out
+    print(f"(server logs in {run_dir})", file=sys.stderr)
+    return out, cpu
 
 
 # -- report --------------------------------------------------------------------------
@@ -336,7 +308,7 @@ def summarize(results: list[Result]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dynamo-python", default="/work/dynamo-venv/bin/python")
-    parser.add_argument("--requests", type=int, default=160)
+    parser.add_argument("--requests", type=int, default=160, help="per workload")
     parser.add_argument("--speedup-ratio", type=float, default=1.0)
     parser.add_argument("--num-gpu-blocks", type=int, default=16384)
     parser.add_argument("--block-size", type=int, default=64)
@@ -346,21 +318,21 @@ def main() -> None:
     model_dir = make_model_dir(Path(tempfile.mkdtemp(prefix="mocker-fidelity-")) / "tiny",
                                max_position_embeddings=32768)  # fmt: skip
     loads = workloads(Tokenizer.from_file(str(model_dir / "tokenizer.json")), args.requests)
-    runs = {}
-    if args.only != "dynamo":
-        runs["stator"] = asyncio.run(run_stator(args, model_dir, loads))
-    if args.only != "stator":
-        runs["dynamo"] = asyncio.run(run_dynamo(args, model_dir, loads))
+    runs, cpu = {}, {}
+    systems = {"stator": stator_server, "dynamo": dynamo_server}
+    for name, make_server in systems.items():
+        if args.only in (None, name):
+            runs[name], cpu[name] = asyncio.run(run_system(make_server, args, model_dir, loads))
 
-    print(
-        "| workload | system | TTFT p50 ms | ITL p50 ms | prompt tokens | requests with cache hits | cached tokens |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | system | TTFT p50 ms | ITL p50 ms | prompt tokens | requests with "
+          "cache hits | cached tokens | server CPU ms/request |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for w in loads:
         for system, res in runs.items():
             s = summarize(res[w.name])
+            cpu_text = ", ".join(f"{k} {v * 1000:.1f}" for k, v in cpu[system][w.name].items())
             print(f"| {w.name} | {system} | {s['ttft_ms']:.1f} | {s['itl_ms']:.2f} | {s['prompt']:.0f} "
-                  f"| {s['hits']}/{s['n']} | {s['cached']} |")  # fmt: skip
+                  f"| {s['hits']}/{s['n']} | {s['cached']} | {cpu_text} |")  # fmt: skip
     if len(runs) == 2:
         print()
         for w in loads:

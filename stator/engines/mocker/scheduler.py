@@ -141,6 +141,7 @@ class Scheduler:
             if preempted_self:
                 break
             self._grow(seq, need)
+            self._commit_full(seq, seq.num_computed + n)
             self._record(step, seq, n)
             budget -= n
             i += 1
@@ -155,14 +156,13 @@ class Scheduler:
         return step
 
     def complete(self, step: ScheduledStep) -> list[Sequence]:
-        """Apply a planned step: advance the computed tokens, cache blocks that became
-        full. Returns the sequences that now need a sampled token, in step order."""
+        """Apply a planned step: advance the computed tokens. Returns the sequences that
+        now need a sampled token, in step order."""
         ready = []
         for seq, n in step.work:
             if seq.finished:  # aborted while the step ran
                 continue
             seq.num_computed += n
-            self._commit_full(seq)
             if seq.num_computed == len(seq.tokens):
                 ready.append(seq)
         return ready
@@ -189,8 +189,7 @@ class Scheduler:
         if seq.num_cached is None:
             seq.num_cached = hits * bs
         seq.num_computed = start
-        if start > hits * bs:  # KV pulled from a prefill worker: cache its full blocks
-            self._commit_full(seq)
+        self._commit_full(seq, start + n)
         self._record(step, seq, n)
         return True
 
@@ -207,9 +206,12 @@ class Scheduler:
             self.blocks.allocate(need)
             seq.num_held_partial += need
 
-    def _commit_full(self, seq: Sequence) -> None:
+    def _commit_full(self, seq: Sequence, num_tokens: int) -> None:
+        """Cache the blocks that are full once `num_tokens` are computed. As in vLLM,
+        this happens when the step is scheduled, so a request admitted later in the same
+        step already finds them."""
         bs = self.block_size
-        full = seq.num_computed // bs
+        full = num_tokens // bs
         k = seq.num_held_full
         if k >= full:
             return

@@ -167,3 +167,15 @@ def test_remote_prefill_tokens_are_not_computed_again():
     step = s.schedule()
     assert step.work == [(b, 1)]
     assert b.num_held_full == 2  # the pulled KV is cached locally
+
+
+def test_same_step_admissions_share_blocks_being_computed():
+    s = make()
+    a = seq("a", 10)
+    b = seq("b", 10)
+    s.add(a)
+    s.add(b)
+    step = s.schedule()
+    assert b.num_cached == 8
+    assert step.work == [(a, 10), (b, 2)]
+    assert s.blocks.refcount(a.block_hashes[0]) == 2
