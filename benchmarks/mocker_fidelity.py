@@ -5,7 +5,8 @@ the same prompts (ignore_eos, min_tokens = max_tokens = 64):
 - Dynamo 1.6.1: its frontend + mocker (+ a loopback ZMQ broker), installed in a venv outside
   the repo (see /work/shared/reference/dynamo-live.md);
 - stator: the mocker behind `mocker_http_shim.py` (template, tokenizer, SSE), one process,
-  until `stator run --engine mocker` exists.
+  until `stator run --engine mocker` exists;
+- stator in-process: the same mocker and client logic through the Engine API, no HTTP.
 
     python benchmarks/mocker_fidelity.py --dynamo-python /work/dynamo-venv/bin/python
 
@@ -30,10 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import jinja2
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from stator.engines.mocker import MockerConfig, create_engine
+from stator.protocols import EngineRequest, StopConditions
 from tests.model_factory import make_model_dir
 
 OSL = 64
@@ -291,6 +295,60 @@ async def run_system(make_server, args, model_dir: Path, loads: list[Workload]):
     return out, cpu
 
 
+async def run_in_process(args, model_dir: Path, loads: list[Workload]):
+    """stator's mocker through the Engine API in this process: the same prompts (rendered
+    and tokenized up front, exactly as the shim does) and the same closed-loop clients,
+    without HTTP. Shows the scheduling and timing model without transport or CPU
+    contention effects. CPU per request includes the in-process clients."""
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    template = jinja2.Template(
+        json.loads((model_dir / "tokenizer_config.json").read_text())["chat_template"]
+    )
+    config = MockerConfig(
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        speedup_ratio=args.speedup_ratio,
+    )
+    engine = create_engine(config, str(model_dir), "tiny")
+    await engine.start()
+    texts = {p for w in loads for p in w.prompts} | {f" warm up {i}" for i in range(64)}
+    encoded = {
+        t: tok.encode(
+            template.render(messages=[{"role": "user", "content": t}], add_generation_prompt=True),
+            add_special_tokens=False,
+        ).ids
+        for t in texts
+    }
+    ids = iter(range(10**9))
+
+    async def one(prompt: str) -> Result:
+        req = EngineRequest(
+            request_id=f"r{next(ids)}",
+            model="tiny",
+            token_ids=encoded[prompt],
+            stop=StopConditions(max_tokens=OSL, min_tokens=OSL, ignore_eos=True),
+        )
+        stamps, cached = [], 0
+        start = time.perf_counter()
+        async for out in engine.generate(req):
+            if out.cached_tokens is not None:
+                cached = out.cached_tokens
+            if out.token_ids:
+                stamps.append((time.perf_counter(), len(out.token_ids)))
+        return result(start, stamps, len(req.token_ids), cached)
+
+    out, cpu = {}, {}
+    try:
+        for w in loads:
+            await closed_loop(w.concurrency, [f" warm up {i}" for i in range(w.concurrency)], one)
+            before = time.process_time()
+            out[w.name] = await closed_loop(w.concurrency, w.prompts, one)
+            cpu[w.name] = {"mocker+clients": (time.process_time() - before) / len(w.prompts)}
+    finally:
+        await engine.shutdown()
+    return out, cpu
+
+
 # -- report --------------------------------------------------------------------------
 
 
@@ -323,6 +381,9 @@ def main() -> None:
     for name, make_server in systems.items():
         if args.only in (None, name):
             runs[name], cpu[name] = asyncio.run(run_system(make_server, args, model_dir, loads))
+    if args.only in (None, "stator"):
+        name = "stator in-process"
+        runs[name], cpu[name] = asyncio.run(run_in_process(args, model_dir, loads))
 
     print("| workload | system | TTFT p50 ms | ITL p50 ms | prompt tokens | requests with "
           "cache hits | cached tokens | server CPU ms/request |")  # fmt: skip
