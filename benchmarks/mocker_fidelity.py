@@ -86,9 +86,10 @@ class Prompts:
 
 def workloads(tokenizer: Tokenizer, requests: int) -> list[Workload]:
     p = Prompts(tokenizer, seed=7)
-    out = [
-        Workload(f"512-in/64-out c={c}", c, [p.text(512) for _ in range(requests)]) for c in (8, 32)
-    ]
+    # c=1 shows the timing model itself: no batching, no arrival effects.
+    out = [Workload("512-in/64-out c=1", 1, [p.text(512) for _ in range(max(requests // 8, 4))])]
+    for c in (8, 32):
+        out.append(Workload(f"512-in/64-out c={c}", c, [p.text(512) for _ in range(requests)]))
     prefixes = [p.text(448) for _ in range(8)]
     shared = [random.Random(i).choice(prefixes) + p.text(64) for i in range(requests)]
     out.append(Workload("shared prefix (8×448 + 64 unique) c=16", 16, shared))
@@ -394,12 +395,16 @@ def main() -> None:
             cpu_text = ", ".join(f"{k} {v * 1000:.1f}" for k, v in cpu[system][w.name].items())
             print(f"| {w.name} | {system} | {s['ttft_ms']:.1f} | {s['itl_ms']:.2f} | {s['prompt']:.0f} "
                   f"| {s['hits']}/{s['n']} | {s['cached']} | {cpu_text} |")  # fmt: skip
-    if len(runs) == 2:
+    if "dynamo" in runs:
         print()
         for w in loads:
-            a, b = summarize(runs["stator"][w.name]), summarize(runs["dynamo"][w.name])
-            print(f"{w.name}: TTFT {100 * (a['ttft_ms'] / b['ttft_ms'] - 1):+.0f}%, "
-                  f"ITL {100 * (a['itl_ms'] / b['itl_ms'] - 1):+.0f}% vs Dynamo")  # fmt: skip
+            b = summarize(runs["dynamo"][w.name])
+            for system in (name for name in runs if name != "dynamo"):
+                a = summarize(runs[system][w.name])
+                print(
+                    f"{w.name}, {system}: TTFT {100 * (a['ttft_ms'] / b['ttft_ms'] - 1):+.0f}%, "
+                    f"ITL {100 * (a['itl_ms'] / b['itl_ms'] - 1):+.0f}% vs Dynamo"
+                )
 
 
 if __name__ == "__main__":
