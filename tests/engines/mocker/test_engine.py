@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from stator.engines.base import EngineError
+from stator.engines.base import EngineDead, EngineError
 from stator.engines.mocker import MockerConfig, create_engine
 from stator.kv.hashing import block_hashes
 from stator.protocols import (
@@ -246,3 +246,40 @@ async def test_data_parallel_ranks_have_their_own_cache(make_engine):
     reports = engine.load()
     assert [r.dp_rank for r in reports] == [0, 1]
     assert {e.dp_rank for e in engine.kv_state()} == {1}
+
+
+async def test_preemption_under_a_small_cache_still_completes_every_request(make_engine):
+    # 12 blocks of 16 tokens: 6 requests of 40 + 30 tokens cannot all run at once.
+    engine = await make_engine(num_gpu_blocks=12)
+    reqs = [request(f"p{i}", [i + 10] * 40, max_tokens=30, seed=i) for i in range(6)]
+    results = await asyncio.gather(*[collect(engine, r) for r in reqs])
+    assert [len(tokens_of(outs)) for outs in results] == [30] * 6
+    assert engine.metrics()["mocker_preemptions_total"] > 0
+    assert engine.load()[0].active_kv_blocks == 0
+
+
+async def test_startup_time_is_spent_in_start(tiny_model_dir):
+    engine = create_engine(MockerConfig(startup_time=0.2), str(tiny_model_dir), "tiny")
+    started = time.perf_counter()
+    await engine.start()
+    assert time.perf_counter() - started >= 0.2
+    await engine.shutdown()
+
+
+async def test_not_started_engine_rejects_requests(tiny_model_dir):
+    engine = create_engine(MockerConfig(), str(tiny_model_dir), "tiny")
+    with pytest.raises(EngineError, match="not started"):
+        await collect(engine, request())
+
+
+async def test_a_crashed_step_loop_fails_streams_and_health(make_engine, monkeypatch):
+    engine = await make_engine()
+
+    def broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine.ranks[0].scheduler, "schedule", broken)
+    outs = await asyncio.wait_for(collect(engine, request()), 5)
+    assert outs[-1].finish_reason == "error" and "boom" in outs[-1].error
+    with pytest.raises(EngineDead):
+        await engine.health_check()
