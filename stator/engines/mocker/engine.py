@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # Event batches kept for a slow (or absent) consumer before the oldest are dropped; the
 # event-id gap then tells the consumer to resync from `kv_state()`.
-MAX_PENDING_EVENT_BATCHES = 10_000
+MAX_PENDING_EVENT_BATCHES = 1024
 # How far (seconds) the simulated clock may run behind the wall clock before it gives up
 # catching up.
 MAX_CATCH_UP = 0.005
@@ -187,6 +187,14 @@ class MockerEngine(Engine):
             raise EngineError(f"max_tokens must be at least 1, got {max_tokens}")
         if self.config.role == "prefill":
             max_tokens = 1
+        budget = self.config.max_num_batched_tokens
+        if not self.config.enable_chunked_prefill and n + max_tokens > budget:
+            # Without chunking a sequence (and its recompute after preemption) must fit in
+            # one step, or it would wait forever.
+            raise EngineError(
+                f"prompt ({n}) + max_tokens ({max_tokens}) exceeds --max-num-batched-tokens "
+                f"({budget}) and chunked prefill is off"
+            )
         capacity = self.ranks[0].scheduler.max_tokens_admissible()
         if n + max_tokens > capacity:
             raise EngineError(

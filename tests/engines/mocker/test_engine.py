@@ -1,4 +1,5 @@
 import asyncio
+import json
 import time
 
 import pytest
@@ -283,3 +284,33 @@ async def test_a_crashed_step_loop_fails_streams_and_health(make_engine, monkeyp
     assert outs[-1].finish_reason == "error" and "boom" in outs[-1].error
     with pytest.raises(EngineDead):
         await engine.health_check()
+
+
+async def test_without_chunked_prefill_a_request_must_fit_one_step(make_engine):
+    engine = await make_engine(enable_chunked_prefill=False, max_num_batched_tokens=64)
+    with pytest.raises(EngineError, match="chunked prefill is off"):
+        await collect(engine, request(max_tokens=30))
+    outs = await collect(engine, request(max_tokens=20))
+    assert len(tokens_of(outs)) == 20
+
+
+async def test_profile_file_drives_step_time(make_engine, tmp_path):
+    profile = {
+        "prefill": {"tokens": [1, 10000], "ms": [100.0, 100.0]},
+        "decode": {"batch_size": [1, 256], "context": [1, 100000], "ms": [[1, 1], [1, 1]]},
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    engine = await make_engine(speedup_ratio=1.0, profile=str(path))
+    started = time.perf_counter()
+    outs = await collect(engine, request(max_tokens=3))
+    elapsed = time.perf_counter() - started
+    assert len(tokens_of(outs)) == 3
+    assert elapsed >= 0.1  # one 100 ms prefill step, then two 1 ms decode steps
+
+
+async def test_bad_profile_file_fails_at_creation(tiny_model_dir, tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text("[]")
+    with pytest.raises(ValueError, match="profile"):
+        create_engine(MockerConfig(profile=str(path)), str(tiny_model_dir), "tiny")
