@@ -226,3 +226,18 @@ async def test_drain_waits_for_a_tcp_stream():
 
 async def _collect(stream):
     return [x async for x in stream]
+
+
+def test_stream_cancel_and_errors_on_uvloop():
+    # Serving processes run on uvloop where it is installed; its transports differ.
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario():
+        await test_many_concurrent_streams_share_one_connection()
+        await test_closing_a_stream_runs_the_handler_cleanup()
+        await test_errors_are_classified()
+        await test_server_stop_disconnects_open_streams()
+        await test_dead_client_cancels_its_handlers()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())

@@ -48,8 +48,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
