@@ -34,8 +34,9 @@ async def test_sigterm_drains_then_exits_zero():
         await asyncio.sleep(0.1)  # let lifecycle.run install its handlers
         os.kill(os.getpid(), signal.SIGTERM)
 
-    asyncio.create_task(send_sigterm())
+    signaller = asyncio.create_task(send_sigterm())
     assert await asyncio.wait_for(lifecycle.run(asyncio.Event().wait()), 10) == EXIT_OK
+    await signaller
     assert await stream == list(range(10))  # the in-flight stream finished
     assert stopped == [True]
     assert client.instance_ids() == []
@@ -52,8 +53,9 @@ async def test_second_stop_request_cuts_the_grace_period():
         await asyncio.sleep(0.1)
         lifecycle.request_stop("second")
 
-    asyncio.create_task(stop_twice())
+    stopper = asyncio.create_task(stop_twice())
     assert await asyncio.wait_for(lifecycle.run(asyncio.Event().wait()), 10) == EXIT_OK
+    await stopper
     stream.cancel()
 
 

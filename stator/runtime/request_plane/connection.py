@@ -95,11 +95,15 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._writer.add(frame)
-        if len(self._writer.buffer) >= _FLUSH_NOW:
+        if not self._flush_scheduled:
+            # The first frame of an event-loop turn goes out at once (latency); frames
+            # that follow in the same turn are batched into one write at its end.
             self.flush()
-        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self.flush)
+        elif len(self._writer.buffer) >= _FLUSH_NOW:
+            self.flush()
+            self._flush_scheduled = True
 
     def flush(self) -> None:
         self._flush_scheduled = False
