@@ -107,3 +107,11 @@ async def _until(cond, timeout=5.0):
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def test_malformed_files_are_ignored(tmp_path):
+    disc = FileDiscovery(tmp_path, ttl=5)
+    await disc.put("k/good", b"1")
+    (tmp_path / "keys" / key_to_filename("k/bad")).write_bytes(b"not msgpack at all")
+    assert await disc.get_prefix("k/") == {"k/good": b"1"}
+    await disc.close()

@@ -241,3 +241,27 @@ def test_stream_cancel_and_errors_on_uvloop():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+async def test_garbage_from_a_peer_closes_only_its_connection():
+    async def handler(n):
+        yield n
+
+    server = await serve(handler, request_type=int)
+    host, port = server.address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"\xff\xff\xff\xff garbage")  # a 4 GiB frame: refused
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # the server hung up
+    writer.close()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"\x00\x00\x00\x02\xc1\xc1")  # a frame that is not msgpack
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    client = TcpClient()
+    assert [x async for x in client.stream(server.address, "stator.backend.generate", 7, int)] == [
+        7
+    ]
+    await client.close()
+    await server.stop()
