@@ -265,3 +265,19 @@ async def test_garbage_from_a_peer_closes_only_its_connection():
     ]
     await client.close()
     await server.stop()
+
+
+async def test_a_stream_on_a_connection_lost_meanwhile_fails_instead_of_hanging():
+    async def handler(n):
+        yield n
+
+    server = await serve(handler, request_type=int)
+    client = TcpClient()
+    conn = await client._connection(server.address)
+    conn.abort()
+    await asyncio.sleep(0.05)
+    assert conn.closed
+    _, inbox = conn.open("stator.backend.generate", 1)
+    assert list(inbox.frames) != []
+    await client.close()
+    await server.stop()

@@ -228,6 +228,8 @@ class _ClientConnection(Connection):
         sid = next(self._ids)
         self.send((f.REQUEST, sid, endpoint, request))  # raises first if unencodable
         inbox = self.inboxes[sid] = _Inbox()
+        if self.closed:  # lost between connecting and this call: fail, never hang
+            inbox.push(_DISCONNECTED)
         return sid, inbox
 
     def on_frame(self, frame: f.Frame) -> None:
