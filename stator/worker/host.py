@@ -76,6 +76,7 @@ class WorkerHost:
         self._fatal_event = asyncio.Event()
         self._on_fatal: list[Callable[[str], object]] = []
         self._card_key: str | None = None
+        self._lora_card_keys: dict[str, str] = {}
         self._tasks: list[asyncio.Task] = []
         self._admin = AdminOps(engine, on_loras_changed=self._republish_card)
         self._started = False
@@ -169,9 +170,11 @@ class WorkerHost:
     async def _unregister(self) -> None:
         await self.runtime.unserve(self.endpoint)
         await self.runtime.unserve(self.admin_endpoint)
-        if self._card_key is not None:
-            await self.runtime.remove_model_card(self._card_key)
-            self._card_key = None
+        for key in [self._card_key, *self._lora_card_keys.values()]:
+            if key is not None:
+                await self.runtime.remove_model_card(key)
+        self._card_key = None
+        self._lora_card_keys = {}
 
     # -- endpoints ---------------------------------------------------------------------
 
@@ -215,16 +218,34 @@ class WorkerHost:
                     log.exception("engine abort failed")
             with contextlib.suppress(Exception):
                 await stream.aclose()
-            request_id_var.reset(token)
+            # A generator finalized from another context cannot reset; nothing leaks then.
+            with contextlib.suppress(ValueError):
+                request_id_var.reset(token)
 
     async def _admin_handler(self, request: AdminRequest) -> AsyncIterator[AdminResponse]:
         yield await self._admin.handle(request)
 
     async def _republish_card(self) -> None:
+        """After a LoRA change: the base card lists the adapters, and each adapter gets
+        its own card (served under its name, `base_model` set) so frontends offer it."""
         if self.card is None or self._card_key is None:
             return
-        self.card = msgspec.structs.replace(self.card, loras=self.engine.list_loras())
+        loras = self.engine.list_loras()
+        self.card = msgspec.structs.replace(self.card, loras=loras)
         self._card_key = await self.runtime.publish_model_card(self.endpoint, self.card)
+        wanted = {}
+        for lora in loras:
+            lora_card = msgspec.structs.replace(
+                self.card, name=lora.name, base_model=self.card.name, loras=[]
+            )
+            key = await self.runtime.publish_model_card(
+                self.endpoint, lora_card, suffix=f"lora-{lora.name}"
+            )
+            wanted[lora.name] = key
+        for name, key in self._lora_card_keys.items():
+            if name not in wanted:
+                await self.runtime.remove_model_card(key)
+        self._lora_card_keys = wanted
 
     # -- background loops --------------------------------------------------------------
 

@@ -202,8 +202,9 @@ async def test_admin_ops_map_to_engine_hooks():
 
     resp = await admin(runtime, host, "load_lora", name="sql", path="/adapters/sql")
     assert resp.ok and resp.result == {"name": "sql", "path": "/adapters/sql"}
-    (card,) = await cards(runtime)
-    assert [lora.name for lora in card.loras] == ["sql"]  # the card is republished
+    base, adapter = sorted(await cards(runtime), key=lambda c: c.base_model or "")
+    assert [lora.name for lora in base.loras] == ["sql"]  # the card is republished
+    assert (adapter.name, adapter.base_model) == ("sql", "m")  # and the adapter has one
     assert (await admin(runtime, host, "list_loras")).result == [
         {"name": "sql", "path": "/adapters/sql"}
     ]
