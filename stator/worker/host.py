@@ -287,13 +287,15 @@ class WorkerHost:
     async def check_health(self) -> str | None:
         """Run the engine's own check and a one-token generate, within the timeout.
         Returns what went wrong, or None when healthy."""
-        try:
-            await asyncio.wait_for(self._probe(), self.config.health_check_timeout)
-        except TimeoutError:
+        probe = asyncio.create_task(self._probe(), name="worker health probe")
+        # Not wait_for: a hung engine may also hang the probe's cleanup, and the verdict
+        # must not wait for that.
+        done, _ = await asyncio.wait({probe}, timeout=self.config.health_check_timeout)
+        if not done:
+            probe.cancel()
             return f"no answer within {self.config.health_check_timeout}s"
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        exc = probe.exception()
+        if exc is not None:
             return f"{type(exc).__name__}: {exc}"
         return None
 

@@ -358,3 +358,18 @@ async def test_health_probe_asks_for_one_token():
     assert probe.stop == StopConditions(max_tokens=1, ignore_eos=True)
     await host.stop(grace=0)
     await runtime.shutdown()
+
+
+class WedgedEngine(HangingEngine):
+    """Hangs in generate and in abort: the probe's cleanup hangs too."""
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.sleep(3600)
+
+
+async def test_health_verdict_does_not_wait_for_a_wedged_engine():
+    runtime, host = await start_host(WedgedEngine("m"), health_check_timeout=0.1)
+    problem = await asyncio.wait_for(host.check_health(), 5)
+    assert problem == "no answer within 0.1s"
+    await host.stop(grace=0)
+    await runtime.shutdown()
