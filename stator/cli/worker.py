@@ -160,7 +160,10 @@ def _model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     if not config.model:
         from stator.models import bundled_model_dir
 
-        return bundled_model_dir()
+        try:
+            return bundled_model_dir()
+        except FileNotFoundError as exc:
+            raise ModelNotFound(f"{exc}; pass --model") from exc
     return resolve_model(config.model, revision=download.revision, cache_dir=download.cache_dir)
 
 
