@@ -100,3 +100,36 @@ def test_download_offline_names_the_repo(tmp_path):
     )
     assert result.returncode == 1
     assert "'org/absent-model'" in result.stderr and "--model /path/to/" in result.stderr
+
+
+def test_worker_flags_reach_every_config(monkeypatch, tiny_model_dir):
+    seen = {}
+
+    async def fake_serve_worker(runtime_config, worker_config, engine, model_dir):
+        seen.update(runtime=runtime_config, worker=worker_config, engine=engine, dir=model_dir)
+        return 0
+
+    monkeypatch.setattr("stator.worker.main.serve_worker", fake_serve_worker)
+    monkeypatch.setenv("STATOR_MIGRATION_LIMIT", "2")
+    code = main(
+        [
+            "worker",
+            "--engine",
+            FACTORY,
+            "--token-delay",
+            "0.5",
+            "--model",
+            str(tiny_model_dir),
+            "--namespace",
+            "prod",
+            "--discovery",
+            "file:/tmp/x",
+        ]
+    )
+    assert code == 0
+    assert seen["engine"].delay == 0.5  # the engine's own flag
+    assert seen["engine"].name == tiny_model_dir.name  # served name: the directory's
+    assert seen["runtime"].namespace == "prod" and seen["runtime"].discovery == "file:/tmp/x"
+    assert seen["worker"].migration_limit == 2  # from the env twin
+    assert seen["worker"].endpoint_name("prod").namespace == "prod"
+    assert seen["dir"] == tiny_model_dir.resolve()

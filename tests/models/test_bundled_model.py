@@ -34,9 +34,7 @@ def test_the_bundled_model_is_complete_and_small():
 def test_the_chat_template_is_chatml():
     tok_config = json.loads((TINY_CHAT / "tokenizer_config.json").read_text())
     template = jinja2.Environment().from_string(tok_config["chat_template"])
-    text = template.render(
-        messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True
-    )
+    text = template.render(messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
