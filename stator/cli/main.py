@@ -11,7 +11,7 @@ from stator import __version__
 
 # Subcommand module names, in the order `--help` lists them. Each module defines
 # `register(subparsers)`, which adds its parser and sets `func` to a callable(args) -> int.
-SUBCOMMANDS: list[str] = []
+SUBCOMMANDS: list[str] = ["worker", "download"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,9 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    # A subcommand may accept pass-through flags (e.g. vLLM's engine arguments).
+    # A subcommand may accept pass-through flags (e.g. vLLM's engine arguments, or the
+    # flags of the engine `stator worker --engine` chose); it finds them in `unknown_args`.
     if not getattr(args, "accepts_unknown", False):
         args = parser.parse_args(argv)
+    else:
+        args.unknown_args = _unknown
     from stator.logs import setup_logging
 
     setup_logging(args.log_level)

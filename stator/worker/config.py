@@ -1,0 +1,73 @@
+"""`WorkerConfig`: what `stator worker` (and each worker of `stator run`) is told."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from stator.config import option
+from stator.runtime.names import EndpointName
+
+DEFAULT_COMPONENT = "backend"
+DEFAULT_ENDPOINT = "generate"
+
+
+@dataclass
+class WorkerConfig:
+    model: str = option(
+        "",
+        "Model to serve: a local directory or a Hugging Face repo id "
+        "(empty = the tiny model bundled with stator)",
+        metavar="PATH_OR_REPO",
+    )
+    served_model_name: str | None = option(
+        None,
+        "Name clients use in requests; unset: the model directory's name, or the repo id",
+    )
+    endpoint: str | None = option(
+        None,
+        "Endpoint to serve: namespace.component.endpoint, or component.endpoint inside "
+        "--namespace; unset: NAMESPACE.backend.generate",
+    )
+    reasoning_parser: str | None = option(None, "Reasoning parser the frontend should apply")
+    tool_call_parser: str | None = option(None, "Tool-call parser the frontend should apply")
+    context_length: int | None = option(
+        None, "Override the context length published in the model card"
+    )
+    migration_limit: int = option(
+        0, "How many times a stream cut by a dying worker may be re-sent elsewhere"
+    )
+    health_check_interval: float = option(
+        30.0, "Seconds between engine health checks (a one-token generate); 0 = off"
+    )
+    health_check_timeout: float = option(
+        20.0, "Seconds a health check may take before the engine is declared dead"
+    )
+    load_report_interval: float = option(
+        1.0, "Seconds between load reports on the event plane; 0 = off"
+    )
+    system_port: int | None = option(
+        None, "Port of the worker's status server (/health, /live, /metrics); unset = off"
+    )
+    inline_files_limit: int = option(
+        1 << 20,
+        "Tokenizer/template files up to this many bytes in total travel inside the model "
+        "card, for frontends on other hosts (etcd's default value limit is 1.5 MiB)",
+    )
+
+    def endpoint_name(self, namespace: str) -> EndpointName:
+        """The endpoint to serve. A bare `component.endpoint` joins `namespace`, so that
+        `--namespace` alone moves the worker to another namespace."""
+        if not self.endpoint:
+            return EndpointName(namespace, DEFAULT_COMPONENT, DEFAULT_ENDPOINT)
+        if self.endpoint.count(".") == 1:
+            return EndpointName.parse(f"{namespace}.{self.endpoint}")
+        return EndpointName.parse(self.endpoint)
+
+    def served_name(self, model_path: Path) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        # A repo id (org/name) is what users type in requests; a local dir, its name.
+        if self.model and not Path(self.model).exists() and "/" in self.model.strip("/"):
+            return self.model
+        return model_path.name

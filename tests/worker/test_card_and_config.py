@@ -1,0 +1,49 @@
+from pathlib import Path
+
+import pytest
+
+from stator.protocols import ModelCard
+from stator.runtime.names import EndpointName
+from stator.worker.card import build_card, inline_files, model_files
+from stator.worker.config import WorkerConfig
+
+
+def test_endpoint_follows_the_namespace_unless_given_in_full():
+    assert WorkerConfig().endpoint_name("prod") == EndpointName("prod", "backend", "generate")
+    assert WorkerConfig(endpoint="prefill.generate").endpoint_name("prod") == EndpointName(
+        "prod", "prefill", "generate"
+    )
+    assert WorkerConfig(endpoint="a.b.c").endpoint_name("prod") == EndpointName("a", "b", "c")
+    with pytest.raises(ValueError, match=r"namespace\.component\.endpoint"):
+        WorkerConfig(endpoint="a.b.c.d").endpoint_name("prod")
+
+
+def test_served_name_defaults_to_directory_name_or_repo_id(tmp_path):
+    model_dir = tmp_path / "my-llama"
+    model_dir.mkdir()
+    assert WorkerConfig(model=str(model_dir)).served_name(model_dir) == "my-llama"
+    assert WorkerConfig(model="org/name").served_name(Path("/cache/snap/abc")) == "org/name"
+    assert WorkerConfig(model="x", served_model_name="mine").served_name(model_dir) == "mine"
+
+
+def test_card_keeps_engine_fields_and_adds_files(tiny_model_dir):
+    engine_card = ModelCard(name="e", source_path="", kv_block_size=32, context_length=2048)
+    card = build_card(engine_card, WorkerConfig(), "served", tiny_model_dir)
+    assert (card.name, card.kv_block_size, card.context_length) == ("served", 32, 2048)
+    assert card.source_path == str(tiny_model_dir)
+    assert set(card.files) == {p.name for p in model_files(tiny_model_dir)}
+    assert "generation_config.json" in card.files
+
+
+def test_card_does_not_override_engine_files_and_rejects_bad_context(tiny_model_dir):
+    engine_card = ModelCard(name="e", source_path="/elsewhere", tokenizer_files=["/elsewhere/t"])
+    card = build_card(engine_card, WorkerConfig(), "e", tiny_model_dir)
+    assert card.source_path == "/elsewhere" and card.tokenizer_files == ["/elsewhere/t"]
+    with pytest.raises(ValueError, match="context length"):
+        build_card(engine_card, WorkerConfig(context_length=0), "e", None)
+
+
+def test_files_too_big_to_inline_are_left_out_entirely(tiny_model_dir):
+    files = model_files(tiny_model_dir)
+    assert inline_files(files, limit=10) == {}
+    assert len(inline_files(files, limit=10**9)) == len(files)
