@@ -148,6 +148,23 @@ async def test_errors_are_classified():
     await server.stop()
 
 
+async def test_a_handler_giving_the_stream_up_is_migratable():
+    async def dying(_):
+        yield 1
+        raise EngineShutdown("engine died")
+
+    server = await serve(dying, request_type=EngineRequest)
+    client = TcpClient()
+    req = EngineRequest(request_id="r", model="m", token_ids=[1])
+    got = []
+    with pytest.raises(EngineShutdown, match="engine died"):
+        async for x in client.stream(server.address, "stator.backend.generate", req, int):
+            got.append(x)
+    assert got == [1]
+    await client.close()
+    await server.stop()
+
+
 async def test_cannot_connect():
     client = TcpClient(connect_timeout=2)
     with pytest.raises(CannotConnect, match="cannot connect"):

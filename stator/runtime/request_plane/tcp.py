@@ -29,6 +29,7 @@ from stator.runtime.errors import (
     CannotConnect,
     EndpointNotFound,
     EngineShutdown,
+    Migratable,
     RemoteError,
     StreamDisconnected,
 )
@@ -111,6 +112,9 @@ class _ServerConnection(Connection):
             send((f.END, sid))
         except asyncio.CancelledError:
             pass  # the caller cancelled, or the connection or server went away
+        except Migratable as exc:
+            # The worker gave the stream up (e.g. its engine died): the caller may migrate.
+            send((f.ERROR, sid, f.ERR_SHUTDOWN, f"{type(exc).__name__}: {exc}"))
         except Exception as exc:
             log.debug("handler for stream %d failed", sid, exc_info=True)
             send((f.ERROR, sid, f.ERR_HANDLER, f"{type(exc).__name__}: {exc}"))
