@@ -8,8 +8,15 @@ from stator.bench.metrics import meets, parse_slos, percentile, stats, summarize
 
 def rec(i, ttft, latency, out=11, status=200, chunks=None, inp=100, cached=0):
     return RequestRecord(
-        index=i, start=0.0, ttft=ttft, latency=latency, output_tokens=out, status=status,
-        input_tokens=inp, cached_tokens=cached, chunk_times=chunks or [],
+        index=i,
+        start=0.0,
+        ttft=ttft,
+        latency=latency,
+        output_tokens=out,
+        status=status,
+        input_tokens=inp,
+        cached_tokens=cached,
+        chunk_times=chunks or [],
         error=None if status == 200 else "x",
     )
 
