@@ -80,7 +80,10 @@ class TorchAttention(AttentionBackend):
         qb = q[plan.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
         kb = k_cache.view(-1, heads_kv, head_dim)[plan.kv_slots].transpose(1, 2)
         vb = v_cache.view(-1, heads_kv, head_dim)[plan.kv_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=plan.mask, scale=scale, enable_gqa=qb.shape[1] != heads_kv
-        )
+        group = qb.shape[1] // heads_kv
+        if group > 1:
+            # Explicit head repeat: SDPA's enable_gqa takes a slow path on the CPU (~1000x).
+            kb = kb.repeat_interleave(group, dim=1)
+            vb = vb.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=plan.mask, scale=scale)
         return out.transpose(1, 2)[plan.query_valid]

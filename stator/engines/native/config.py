@@ -55,6 +55,7 @@ class NativeConfig:
     max_model_len: int = option(0, "Context length (0 = the model's max_position_embeddings)")
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of earlier prompts")
     seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")
+    cpu_threads: int = option(0, "torch intra-op threads on the CPU (0 = torch's default)")
 
 
 _DTYPE_NAMES = {"float32", "bfloat16", "float16"}

@@ -66,6 +66,8 @@ class MergedLinear(Linear):
             self._slices[name] = slice(start, start + size)
             start += size
         self.sizes = list(shards.values())
+        for p in self.parameters():
+            p.shard_ids = list(shards)  # type: ignore[attr-defined]  (all must be loaded)
 
     def shard_slices(self) -> dict[Any, slice]:
         return self._slices

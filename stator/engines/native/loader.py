@@ -65,7 +65,11 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
             else:
                 loader(param, tensor, shard)
         loaded.add((target, shard))
-    loaded_names = {target for target, _ in loaded}
-    missing = [n for n in params if n not in loaded_names]
+    missing = [
+        f"{n}[{shard}]" if shard is not None else n
+        for n, p in params.items()
+        for shard in getattr(p, "shard_ids", [None])
+        if (n, shard) not in loaded
+    ]
     if missing:
         raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:8])}")

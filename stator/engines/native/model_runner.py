@@ -58,6 +58,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, spec, self.device)
         self.block_size = config.block_size
+        if config.cpu_threads > 0:
+            torch.set_num_threads(config.cpu_threads)
         self.backend = backend or TorchAttention()
         self.sliding_window = spec.sliding_window
         cls = model_class(spec.architecture)
