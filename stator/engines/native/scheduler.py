@@ -48,6 +48,7 @@ class Scheduler:
         self.max_prefill_chunk = max_prefill_chunk
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -110,6 +111,7 @@ class Scheduler:
         return n
 
     def _preempt(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
