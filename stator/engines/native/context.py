@@ -25,6 +25,8 @@ class StepContext:
     max_query_len: int
     max_seq_len: int
     block_size: int
+    # Every sequence has the same query and KV length (lets attention skip its mask).
+    uniform: bool = False
     # Whatever the attention backend precomputes once per step (see AttentionBackend.plan).
     attn_metadata: Any = None
 

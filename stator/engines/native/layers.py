@@ -18,6 +18,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel; same arithmetic in float32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalize in float32 and scale in the input dtype, as the reference models do.
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -121,12 +123,19 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
+        # One table lookup per step, shared by every layer (positions are the same tensor).
+        self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        cached = self._cached
+        if cached is not None and cached[0] is positions and cached[1] == q.dtype:
+            cos, sin = cached[2], cached[3]
+        else:
+            cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
+            sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+            self._cached = (positions, q.dtype, cos, sin)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

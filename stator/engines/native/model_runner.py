@@ -137,6 +137,7 @@ class ModelRunner:
             max_query_len=max(num_new),
             max_seq_len=max(seq_lens),
             block_size=bs,
+            uniform=len(set(num_new)) == 1 and len(set(seq_lens)) == 1,
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),

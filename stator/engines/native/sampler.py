@@ -35,7 +35,8 @@ class Sampler:
         raw_logprobs = None
         if any(s.sampling.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
+        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
+            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
         if any(s.sampling.uses_penalties for s in seqs):
             logits = self._apply_penalties(logits, seqs)
         tokens = self._pick(logits, seqs)

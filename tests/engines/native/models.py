@@ -46,6 +46,8 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", {"tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4096}),
+    # A window shorter than the prompts, so that it bites.
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
 }
