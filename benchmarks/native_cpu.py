@@ -20,9 +20,9 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stator.engines.native.config import NativeConfig  # noqa: E402
-from stator.engines.native.engine_core import EngineCore  # noqa: E402
-from stator.protocols import EngineRequest, SamplingOptions, StopConditions  # noqa: E402
+from stator.engines.native.config import NativeConfig
+from stator.engines.native.engine_core import EngineCore
+from stator.protocols import EngineRequest, SamplingOptions, StopConditions
 
 
 def build(path: Path, args: argparse.Namespace) -> torch.nn.Module:
@@ -46,9 +46,15 @@ def build(path: Path, args: argparse.Namespace) -> torch.nn.Module:
     return model.eval()
 
 
-def run_native(path: Path, prompts: list[list[int]], out_len: int, threads: int) -> tuple[float, list[list[int]]]:
+def run_native(
+    path: Path, prompts: list[list[int]], out_len: int, threads: int
+) -> tuple[float, list[list[int]]]:
     config = NativeConfig(
-        device="cpu", dtype="float32", kv_cache_memory="256MiB", max_num_seqs=len(prompts), cpu_threads=threads
+        device="cpu",
+        dtype="float32",
+        kv_cache_memory="256MiB",
+        max_num_seqs=len(prompts),
+        cpu_threads=threads,
     )
     core = EngineCore(config, path)
     outputs: dict[str, list[int]] = {}
@@ -71,7 +77,9 @@ def run_native(path: Path, prompts: list[list[int]], out_len: int, threads: int)
     return elapsed, [outputs[str(i)] for i in range(len(prompts))]
 
 
-def run_transformers(model: torch.nn.Module, prompts: list[list[int]], out_len: int) -> tuple[float, list[list[int]]]:
+def run_transformers(
+    model: torch.nn.Module, prompts: list[list[int]], out_len: int
+) -> tuple[float, list[list[int]]]:
     ids = torch.tensor(prompts)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -89,7 +97,9 @@ def run_transformers(model: torch.nn.Module, prompts: list[list[int]], out_len: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-requests", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -103,7 +113,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, args.vocab, (args.num_requests, args.input_len), generator=gen).tolist()
+    prompts = torch.randint(
+        3, args.vocab, (args.num_requests, args.input_len), generator=gen
+    ).tolist()
     total = args.num_requests * args.output_len
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
@@ -128,7 +140,12 @@ def main() -> None:
     print(f"transformers generate: {hf_s:7.2f} s  {total / hf_s:8.1f} output tok/s")
     print(f"native engine:         {nat_s:7.2f} s  {total / nat_s:8.1f} output tok/s")
     print(f"ratio native / transformers: {hf_s / nat_s:.2f}x (best of {args.repeats} each)")
-    print("all runs (s): transformers", [round(t, 2) for t in hf_times], "native", [round(t, 2) for t in nat_times])
+    print(
+        "all runs (s): transformers",
+        [round(t, 2) for t in hf_times],
+        "native",
+        [round(t, 2) for t in nat_times],
+    )
     print(f"identical greedy outputs: {same}/{args.num_requests}")
 
 

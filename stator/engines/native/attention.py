@@ -30,9 +30,16 @@ class AttentionBackend(abc.ABC):
 
     @abc.abstractmethod
     def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
     ) -> torch.Tensor:
-        """Attention of q [T, Hq, D] over each sequence's cached keys; returns [T, Hq, D]."""
+        """Attention of q [T, Hq, D] over each sequence's keys (cached ones plus this
+        step's k, v [T, Hkv, D], already stored); returns [T, Hq, D]."""
 
 
 @dataclass
@@ -107,23 +114,31 @@ class TorchAttention(AttentionBackend):
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
     def attend(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
     ) -> torch.Tensor:
         plan: _GatherPlan = get_context().attn_metadata
         heads_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
         batch, max_q, max_kv = plan.batch, plan.max_q, plan.max_kv
         group = q.shape[1] // heads_kv
+        if plan.causal:  # whole prompts, no cached prefix, no padding: this step's k, v
+            qb = q.view(batch, max_q, -1, head_dim).transpose(1, 2)
+            kb = k.view(batch, max_q, heads_kv, head_dim).transpose(1, 2)
+            vb = v.view(batch, max_q, heads_kv, head_dim).transpose(1, 2)
+            if group > 1:
+                kb, vb = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1)
+            out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+            return out.transpose(1, 2).reshape(batch * max_q, -1, head_dim)
         # index_select of whole blocks: ~5x faster on the CPU than advanced indexing.
         blocks = plan.block_table.flatten()
         kb = k_cache.index_select(0, blocks).view(batch, -1, heads_kv, head_dim)[:, :max_kv]
         vb = v_cache.index_select(0, blocks).view(batch, -1, heads_kv, head_dim)[:, :max_kv]
         kb, vb = kb.transpose(1, 2), vb.transpose(1, 2)  # [B, Hkv, max_kv, D]
-        if plan.causal:  # whole prompts, no padding: SDPA's causal path, heads repeated
-            qb = q.view(batch, max_q, -1, head_dim).transpose(1, 2)
-            if group > 1:
-                kb, vb = kb.repeat_interleave(group, 1), vb.repeat_interleave(group, 1)
-            out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
-            return out.transpose(1, 2).reshape(batch * max_q, -1, head_dim)
         # GQA without copying keys (SDPA's enable_gqa is ~1000x slower on the CPU): the
         # `group` query heads sharing a KV head become extra rows, [B, Hkv, group*max_q, D].
         if max_q == 1:  # decode only: one query per sequence, already in order

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from stator.engines.native.request import Sequence
 from stator.kv.hashing import block_hashes
 from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEventData
-
-from stator.engines.native.request import Sequence
 
 
 class Block:
@@ -125,7 +124,14 @@ class BlockManager:
             h, block = seq.block_hashes[i], self.blocks[seq.block_ids[i]]
             if h in self._cached or block.hash is not None:
                 if stored:  # keep each event a contiguous chain
-                    self._emit(BlockStored(block_hashes=stored, parent_hash=parent, token_ids=tokens, block_size=self.block_size))
+                    self._emit(
+                        BlockStored(
+                            block_hashes=stored,
+                            parent_hash=parent,
+                            token_ids=tokens,
+                            block_size=self.block_size,
+                        )
+                    )
                 stored, tokens, parent = [], [], h
                 continue
             block.hash, block.parent_hash = h, (seq.block_hashes[i - 1] if i else None)
@@ -134,7 +140,14 @@ class BlockManager:
             stored.append(h)
             tokens.extend(block.token_ids)
         if stored:
-            self._emit(BlockStored(block_hashes=stored, parent_hash=parent, token_ids=tokens, block_size=self.block_size))
+            self._emit(
+                BlockStored(
+                    block_hashes=stored,
+                    parent_hash=parent,
+                    token_ids=tokens,
+                    block_size=self.block_size,
+                )
+            )
         seq.num_committed_blocks = full
 
     # -- cache-wide operations -----------------------------------------------------------
@@ -156,24 +169,23 @@ class BlockManager:
         last = self._next_event_id - 1
         out: list[KvEvent] = []
         done: set[int] = set()
-
-        def visit(h: int) -> None:
-            block = self.blocks[self._cached[h]]
-            if block.parent_hash is not None and block.parent_hash in self._cached:
-                if block.parent_hash not in done:
-                    visit(block.parent_hash)
-            done.add(h)
-            data = BlockStored(
-                block_hashes=[h],
-                parent_hash=block.parent_hash,
-                token_ids=list(block.token_ids),
-                block_size=self.block_size,
-            )
-            out.append(KvEvent(worker_id=self.worker_id, event_id=last, data=data))
-
-        for h in list(self._cached):
-            if h not in done:
-                visit(h)
+        for h in self._cached:
+            # Walk up to the first ancestor already emitted (or not cached), then emit down.
+            chain: list[int] = []
+            cur: int | None = h
+            while cur is not None and cur in self._cached and cur not in done:
+                chain.append(cur)
+                cur = self.blocks[self._cached[cur]].parent_hash
+            for link in reversed(chain):
+                done.add(link)
+                block = self.blocks[self._cached[link]]
+                data = BlockStored(
+                    block_hashes=[link],
+                    parent_hash=block.parent_hash,
+                    token_ids=list(block.token_ids),
+                    block_size=self.block_size,
+                )
+                out.append(KvEvent(worker_id=self.worker_id, event_id=last, data=data))
         return out
 
     # -- internals -----------------------------------------------------------------------
@@ -185,7 +197,9 @@ class BlockManager:
             start = have * self.block_size
             parent = seq.block_hashes[-1] if have else None
             seq.block_hashes.extend(
-                block_hashes(seq.token_ids[start : full * self.block_size], self.block_size, parent=parent)
+                block_hashes(
+                    seq.token_ids[start : full * self.block_size], self.block_size, parent=parent
+                )
             )
 
     def _acquire(self, block_id: int) -> None:
@@ -206,5 +220,7 @@ class BlockManager:
         return block_id
 
     def _emit(self, data: KvEventData) -> None:
-        self._events.append(KvEvent(worker_id=self.worker_id, event_id=self._next_event_id, data=data))
+        self._events.append(
+            KvEvent(worker_id=self.worker_id, event_id=self._next_event_id, data=data)
+        )
         self._next_event_id += 1

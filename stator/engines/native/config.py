@@ -23,10 +23,7 @@ def parse_bytes(text: str | int) -> int:
     if not match:
         raise ValueError(f"not a memory size: {text!r} (try 2GiB, 512MiB or a byte count)")
     number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    if "i" in unit:
-        scale = 1024 ** ("kmgt".index(unit[0]) + 1)
-    else:
-        scale = _UNITS[unit[:1]]
+    scale = 1024 ** ("kmgt".index(unit[0]) + 1) if "i" in unit else _UNITS[unit[:1]]
     return int(number * scale)
 
 
@@ -37,7 +34,9 @@ class NativeConfig:
         "Weight and KV dtype; auto = the checkpoint's dtype on CUDA, float32 on the CPU",
         choices=["auto", "float32", "bfloat16", "float16"],
     )
-    device: str = option("auto", "Where to run; auto = cuda when available", choices=["auto", "cpu", "cuda"])
+    device: str = option(
+        "auto", "Where to run; auto = cuda when available", choices=["auto", "cpu", "cuda"]
+    )
     block_size: int = option(16, "Tokens per KV cache block")
     kv_cache_memory: str = option(
         "",
@@ -90,7 +89,9 @@ class ModelSpec:
         model_dir = Path(model_dir)
         path = model_dir / "config.json"
         if not path.is_file():
-            raise ValueError(f"{model_dir} has no config.json; is it a Hugging Face model directory?")
+            raise ValueError(
+                f"{model_dir} has no config.json; is it a Hugging Face model directory?"
+            )
         cfg = json.loads(path.read_text())
         gen_path = model_dir / "generation_config.json"
         gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}

@@ -254,7 +254,7 @@ class NativeEngine(Engine):
         self._dead = reason
         for rid in list(self._streams):
             self._finish_stream(rid, EngineOutput(finish_reason="error", error=reason))
-        for fn, future in self._deferred:
+        for _fn, future in self._deferred:
             if not future.done():
                 future.set_exception(EngineDead(reason))
         self._deferred = []

@@ -146,7 +146,9 @@ class EngineCore:
             if pr.first_target + i == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.append(entry)
 
-    def _append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> EngineOutput:
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: TokenLogprob | None
+    ) -> EngineOutput:
         sp = seq.sampling
         seq.token_ids.append(token)
         out = EngineOutput(token_ids=[token])
@@ -195,4 +197,3 @@ class EngineCore:
 
     def clear_kv(self) -> None:
         self.blocks.clear()
-

@@ -73,7 +73,9 @@ class LLM:
             raise ValueError(f"{model} is not a model directory")
         self.core = EngineCore(NativeConfig(**engine_args), model_dir)
         tokenizer_file = model_dir / "tokenizer.json"
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file.is_file() else None
+        self.tokenizer = (
+            Tokenizer.from_file(str(tokenizer_file)) if tokenizer_file.is_file() else None
+        )
         self._ids = itertools.count()
 
     def generate(
@@ -99,7 +101,9 @@ class LLM:
                     raise ValueError("stop strings need a tokenizer.json in the model directory")
                 sampling, stop = sp.to_wire()
                 self.core.add_request(
-                    EngineRequest(request_id=rid, model="", token_ids=ids, sampling=sampling, stop=stop)
+                    EngineRequest(
+                        request_id=rid, model="", token_ids=ids, sampling=sampling, stop=stop
+                    )
                 )
                 pending[rid] = _Pending(i, text, ids, sp)
             while self.core.has_work():
@@ -124,7 +128,9 @@ class LLM:
         results = sorted(pending.values(), key=lambda p: p.index)
         return [p.result for p in results if p.result is not None]
 
-    def _normalize(self, prompts: PromptInput | Sequence[PromptInput]) -> list[tuple[str | None, list[int]]]:
+    def _normalize(
+        self, prompts: PromptInput | Sequence[PromptInput]
+    ) -> list[tuple[str | None, list[int]]]:
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -159,7 +165,9 @@ class LLM:
                 return stop
         return None
 
-    def _finish(self, rid: str, p: _Pending, reason: str, stop_reason: int | str | None) -> RequestOutput:
+    def _finish(
+        self, rid: str, p: _Pending, reason: str, stop_reason: int | str | None
+    ) -> RequestOutput:
         text = self._decode(p.token_ids, p.params)
         if isinstance(stop_reason, str):
             text = text[: text.index(stop_reason)]

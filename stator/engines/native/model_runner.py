@@ -103,12 +103,19 @@ class ModelRunner:
                 f"the KV cache budget ({budget} bytes) is smaller than one block "
                 f"({per_block} bytes); raise --kv-cache-memory or --gpu-memory-utilization"
             )
-        log.info("KV cache: %d blocks of %d tokens (%d bytes each)", num_blocks, self.block_size, per_block)
+        log.info(
+            "KV cache: %d blocks of %d tokens (%d bytes each)",
+            num_blocks,
+            self.block_size,
+            per_block,
+        )
         return num_blocks
 
     # -- one step ------------------------------------------------------------------------
 
-    def prepare(self, seqs: list[Sequence], num_new: list[int], logits_rows: list[int]) -> StepInputs:
+    def prepare(
+        self, seqs: list[Sequence], num_new: list[int], logits_rows: list[int]
+    ) -> StepInputs:
         """Flatten the batch. Sequence i computes tokens [computed, computed + num_new[i])."""
         input_ids: list[int] = []
         positions: list[int] = []

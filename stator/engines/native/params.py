@@ -11,7 +11,9 @@ from stator.protocols import EngineRequest
 MAX_LOGPROBS = 20
 
 
-def resolve_sampling(request: EngineRequest, spec: ModelSpec, max_total_tokens: int) -> SamplingSpec:
+def resolve_sampling(
+    request: EngineRequest, spec: ModelSpec, max_total_tokens: int
+) -> SamplingSpec:
     s, stop = request.sampling, request.stop
     defaults = spec.generation_defaults
     vocab = spec.vocab_size
@@ -31,7 +33,10 @@ def resolve_sampling(request: EngineRequest, spec: ModelSpec, max_total_tokens: 
     _check(top_k >= -1, f"top_k must be -1, 0 (off) or positive, got {top_k}")
     _check(0.0 <= min_p <= 1.0, f"min_p must be in [0, 1], got {min_p}")
     _check(repetition > 0.0, f"repetition_penalty must be > 0, got {repetition}")
-    for name, value in (("presence_penalty", s.presence_penalty), ("frequency_penalty", s.frequency_penalty)):
+    for name, value in (
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+    ):
         _check(value is None or -2.0 <= value <= 2.0, f"{name} must be in [-2, 2], got {value}")
     for name, value in (("logprobs", s.logprobs), ("prompt_logprobs", s.prompt_logprobs)):
         _check(
@@ -69,8 +74,13 @@ def resolve_sampling(request: EngineRequest, spec: ModelSpec, max_total_tokens: 
 
 
 def validate_request(request: EngineRequest, spec: ModelSpec, max_total_tokens: int) -> None:
-    _check(request.prompt_embeds is None, "the native engine takes token ids, not prompt embeddings")
-    _check(request.sampling.guided_decoding is None, "the native engine does not support guided decoding")
+    _check(
+        request.prompt_embeds is None, "the native engine takes token ids, not prompt embeddings"
+    )
+    _check(
+        request.sampling.guided_decoding is None,
+        "the native engine does not support guided decoding",
+    )
     _check(request.sampling.n == 1, "the native engine samples one sequence per request (n=1)")
     _check(not request.lora_name, "the native engine does not support LoRA adapters")
     _check(bool(request.token_ids), "the prompt is empty")

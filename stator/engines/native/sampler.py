@@ -48,7 +48,9 @@ class Sampler:
 
     # -- logit processors ----------------------------------------------------------------
 
-    def _apply_bias_and_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _apply_bias_and_min_tokens(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> torch.Tensor:
         rows: list[int] = []
         cols: list[int] = []
         values: list[float] = []
@@ -76,7 +78,9 @@ class Sampler:
         n, vocab = logits.shape
         dev = self.device
         out_counts = _token_counts([s.output_ids for s in seqs], n, vocab, dev)
-        prompt_seen = _token_counts([s.token_ids[: s.num_prompt_tokens] for s in seqs], n, vocab, dev) > 0
+        prompt_seen = (
+            _token_counts([s.token_ids[: s.num_prompt_tokens] for s in seqs], n, vocab, dev) > 0
+        )
         presence = torch.tensor([s.sampling.presence_penalty for s in seqs], device=dev)
         frequency = torch.tensor([s.sampling.frequency_penalty for s in seqs], device=dev)
         repetition = torch.tensor([s.sampling.repetition_penalty for s in seqs], device=dev)
@@ -144,7 +148,9 @@ def _top_k_top_p_min_p(
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     if max(min_p) > 0.0:
         probs = torch.softmax(logits, dim=-1)
-        threshold = torch.tensor(min_p, device=device)[:, None] * probs.max(dim=-1, keepdim=True).values
+        threshold = (
+            torch.tensor(min_p, device=device)[:, None] * probs.max(dim=-1, keepdim=True).values
+        )
         logits = logits.masked_fill(probs < threshold, float("-inf"))
     return logits
 

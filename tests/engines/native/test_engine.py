@@ -8,7 +8,8 @@ import pytest
 
 from stator.engines.base import EngineError
 from stator.engines.native import NativeConfig, create_engine
-from stator.engines.registry import create_engine as registry_create, engine_config_class
+from stator.engines.registry import create_engine as registry_create
+from stator.engines.registry import engine_config_class
 from stator.protocols import BlockStored, EngineRequest, SamplingOptions, StopConditions
 from tests.engines.native.models import greedy_request, prompt
 
@@ -105,7 +106,9 @@ async def test_kv_events_are_published_with_increasing_ids(engine):
     task.cancel()
     stored = [e for e in events if isinstance(e.data, BlockStored)]
     assert stored and stored[0].data.token_ids[:32] == ids[:32]
-    assert [e.event_id for e in events] == list(range(events[0].event_id, events[0].event_id + len(events)))
+    assert [e.event_id for e in events] == list(
+        range(events[0].event_id, events[0].event_id + len(events))
+    )
     assert all(e.worker_id == 17 for e in events)
     state = engine.kv_state()
     assert {h for e in state for h in e.data.block_hashes} >= set(stored[0].data.block_hashes)
@@ -149,5 +152,5 @@ async def test_model_card(engine, llama):
 
 
 def test_create_engine_rejects_a_directory_it_cannot_serve(tmp_path):
-    with pytest.raises(ValueError, match="config.json"):
+    with pytest.raises(ValueError, match=r"config\.json"):
         create_engine(NativeConfig(), str(tmp_path), "x")

@@ -40,7 +40,9 @@ def test_chunked_prefill(setup, chunk):
     model_dir, target, alone = setup
     core = core_for(model_dir, max_prefill_chunk=chunk)
     # A decoding neighbour shares every step with the chunks.
-    out = run_all(core, [greedy_request("n", prompt(14, 9), 40), greedy_request("t", target, STEPS)])
+    out = run_all(
+        core, [greedy_request("n", prompt(14, 9), 40), greedy_request("t", target, STEPS)]
+    )
     assert tokens_of(out["t"]) == alone
 
 
@@ -72,7 +74,9 @@ def test_without_prefix_caching_nothing_is_cached(setup):
 def test_forced_preemption_recomputes_the_same_tokens(setup):
     model_dir, target, alone = setup
     # 7 blocks of 16 tokens: two 65-token sequences need 8, so one is preempted.
-    core = core_for(model_dir, kv_cache_memory=str(7 * core_for(model_dir).runner.bytes_per_block()))
+    core = core_for(
+        model_dir, kv_cache_memory=str(7 * core_for(model_dir).runner.bytes_per_block())
+    )
     assert core.blocks.num_blocks == 7
     requests = [greedy_request("t", target, STEPS), greedy_request("u", prompt(15, 40), 25)]
     requests.append(greedy_request("v", prompt(16, 40), 25))

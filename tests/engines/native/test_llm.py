@@ -11,7 +11,7 @@ import pytest
 import stator
 from stator.config import add_flags, from_args
 from stator.engines.native.config import NativeConfig, parse_bytes
-from tests.engines.native.models import greedy_request, prompt, run_all, tokens_of, core_for
+from tests.engines.native.models import core_for, greedy_request, prompt, run_all, tokens_of
 
 
 def test_import_stator_does_not_import_torch():
@@ -47,7 +47,10 @@ def test_per_prompt_params_and_stop_strings(llm):
     assert stop_at
     cut = llm.generate(
         ["import os", "import os"],
-        [base, stator.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=stop_at)],
+        [
+            base,
+            stator.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, stop=stop_at),
+        ],
     )
     assert cut[0].outputs[0].text == full.text
     stopped = cut[1].outputs[0]
@@ -66,7 +69,9 @@ def test_bad_arguments(llama, llm):
 def test_flags_and_sizes():
     parser = argparse.ArgumentParser()
     add_flags(parser, NativeConfig, env={"STATOR_BLOCK_SIZE": "32"})
-    cfg = from_args(NativeConfig, parser.parse_args(["--kv-cache-memory", "2GiB", "--no-enable-prefix-caching"]))
+    cfg = from_args(
+        NativeConfig, parser.parse_args(["--kv-cache-memory", "2GiB", "--no-enable-prefix-caching"])
+    )
     assert cfg.block_size == 32 and not cfg.enable_prefix_caching
     assert parse_bytes(cfg.kv_cache_memory) == 2 * 1024**3
     assert parse_bytes("512MB") == 512 * 10**6 and parse_bytes("4096") == 4096

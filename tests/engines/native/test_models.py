@@ -9,7 +9,15 @@ import torch
 
 from stator.engines.native.config import ModelSpec
 from stator.engines.native.request import SamplingSpec, Sequence
-from tests.engines.native.models import build_model, core_for, greedy_request, hf_greedy, prompt, run_all, tokens_of
+from tests.engines.native.models import (
+    build_model,
+    core_for,
+    greedy_request,
+    hf_greedy,
+    prompt,
+    run_all,
+    tokens_of,
+)
 
 
 def engine_prompt_logits(core, ids: list[int]) -> torch.Tensor:
@@ -45,7 +53,7 @@ def test_32_greedy_tokens_match_transformers(checkpoints, architecture):
 
 
 def test_sharded_checkpoint_loads_the_same(tmp_path, llama):
-    model_dir, hf = llama
+    model_dir, _hf = llama
     sharded, _ = build_model(tmp_path / "sharded", "llama3", max_shard_size="100KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     ids = prompt(3, 20)
@@ -77,7 +85,9 @@ def test_unknown_architecture_is_a_clear_error(tmp_path, llama):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"GPTBigCodeForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(
+        ValueError, match=r"GPTBigCodeForCausalLM.*supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"
+    ):
         core_for(bad)
 
 

@@ -14,7 +14,9 @@ from tests.engines.native.models import core_for, greedy_request, prompt, run_al
 V = 8
 
 
-def seq(output: list[int] = (), prompt_ids: list[int] = (0,), seed: int | None = None, **kw) -> Sequence:
+def seq(
+    output: list[int] = (), prompt_ids: list[int] = (0,), seed: int | None = None, **kw
+) -> Sequence:
     s = Sequence("r", [*prompt_ids, *output], len(prompt_ids), SamplingSpec(**kw), 1000)
     if seed is not None:
         s.generator = torch.Generator().manual_seed(seed)
@@ -29,12 +31,20 @@ LOGITS = [0.0, 1.0, 3.0, 2.5, -1.0, 0.5, 0.2, 0.1]
 
 
 def test_greedy_takes_the_argmax():
-    assert sample([LOGITS, LOGITS[::-1]], [seq(temperature=0), seq(temperature=0)]).token_ids == [2, 5]
+    assert sample([LOGITS, LOGITS[::-1]], [seq(temperature=0), seq(temperature=0)]).token_ids == [
+        2,
+        5,
+    ]
 
 
 def test_logit_bias_and_min_tokens():
     biased = seq(temperature=0, logit_bias={7: 10.0})
-    held = seq(temperature=0, min_tokens=2, hidden_stop_token_ids=frozenset({2}), stop_token_ids=frozenset({3}))
+    held = seq(
+        temperature=0,
+        min_tokens=2,
+        hidden_stop_token_ids=frozenset({2}),
+        stop_token_ids=frozenset({3}),
+    )
     done = seq([1, 1], temperature=0, min_tokens=2, hidden_stop_token_ids=frozenset({2}))
     assert sample([LOGITS] * 3, [biased, held, done]).token_ids == [7, 1, 2]
 
@@ -81,7 +91,11 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
         others = [seq(temperature=1.0) for _ in range(neighbours)]
         out = []
         for _ in range(20):
-            out.append(sampler.sample(torch.tensor([LOGITS] * (neighbours + 1)), [*others, s]).token_ids[-1])
+            out.append(
+                sampler.sample(torch.tensor([LOGITS] * (neighbours + 1)), [*others, s]).token_ids[
+                    -1
+                ]
+            )
         return out
 
     assert run(0, 0) == run(1, 3) == run(2, 1)
@@ -109,7 +123,9 @@ def model_dir(llama):
 def test_engine_seed_is_reproducible_across_batch_composition(model_dir):
     target = greedy_request("s", prompt(20, 12), 16, temperature=1.0, seed=1234)
     alone = tokens_of(run_all(core_for(model_dir, seed=1), [target])["s"])
-    crowd = [greedy_request(f"o{i}", prompt(21 + i, 5 + 9 * i), 12, temperature=1.0) for i in range(3)]
+    crowd = [
+        greedy_request(f"o{i}", prompt(21 + i, 5 + 9 * i), 12, temperature=1.0) for i in range(3)
+    ]
     mixed = run_all(core_for(model_dir, seed=2), [crowd[0], target, *crowd[1:]])
     assert tokens_of(mixed["s"]) == alone
     other_seed = greedy_request("s", prompt(20, 12), 16, temperature=1.0, seed=99)
@@ -119,7 +135,9 @@ def test_engine_seed_is_reproducible_across_batch_composition(model_dir):
 def test_engine_logprobs_and_prompt_logprobs_match_transformers(llama):
     model_dir, hf = llama
     ids = prompt(22, 20)
-    out = run_all(core_for(model_dir), [greedy_request("r", ids, 3, logprobs=2, prompt_logprobs=1)])["r"]
+    out = run_all(
+        core_for(model_dir), [greedy_request("r", ids, 3, logprobs=2, prompt_logprobs=1)]
+    )["r"]
     with torch.no_grad():
         ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1)
     first = out[0]
@@ -139,7 +157,9 @@ def test_prompt_logprobs_survive_chunking(llama):
     model_dir, _ = llama
     ids = prompt(23, 30)
     whole = run_all(core_for(model_dir), [greedy_request("r", ids, 1, prompt_logprobs=0)])["r"]
-    chunked = run_all(core_for(model_dir, max_prefill_chunk=7), [greedy_request("r", ids, 1, prompt_logprobs=0)])["r"]
+    chunked = run_all(
+        core_for(model_dir, max_prefill_chunk=7), [greedy_request("r", ids, 1, prompt_logprobs=0)]
+    )["r"]
     a = [e.logprob for e in whole[0].prompt_logprobs[1:]]
     b = [e.logprob for e in chunked[0].prompt_logprobs[1:]]
     assert a == pytest.approx(b, abs=1e-5)
@@ -157,7 +177,9 @@ def test_stop_tokens_min_tokens_and_ignore_eos(model_dir):
             stop=StopConditions(max_tokens=8, **stop),
         )
 
-    out = run_all(core_for(model_dir), [req("eos"), req("min", min_tokens=3), req("ign", ignore_eos=True)])
+    out = run_all(
+        core_for(model_dir), [req("eos"), req("min", min_tokens=3), req("ign", ignore_eos=True)]
+    )
     # 5 is the model's EOS (generation_config): hidden, ends the stream.
     assert tokens_of(out["eos"]) == [] and out["eos"][-1].finish_reason == "stop"
     assert out["eos"][-1].stop_token_id == 5 and out["eos"][-1].usage.completion_tokens == 1

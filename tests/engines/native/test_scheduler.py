@@ -31,10 +31,16 @@ def test_budget_chunks_prefill_and_mixes_it_with_decode():
     sched.add(a)
     sched.add(b)
     batch = sched.schedule()
-    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)] == [("a", 10), ("b", 6)]
+    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens, strict=False)] == [
+        ("a", 10),
+        ("b", 6),
+    ]
     advance(sched, batch)
     batch = sched.schedule()  # a decodes, b continues its prompt with the rest of the budget
-    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens)] == [("a", 1), ("b", 15)]
+    assert [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens, strict=False)] == [
+        ("a", 1),
+        ("b", 15),
+    ]
     assert batch.total_tokens == 16
 
 

@@ -54,7 +54,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         self.backend.store(k, v, self.k_cache, self.v_cache)
-        out = self.backend.attend(q, self.k_cache, self.v_cache, self.scale)
+        out = self.backend.attend(q, k, v, self.k_cache, self.v_cache, self.scale)
         return self.o_proj(out.flatten(1))
 
 
