@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engines.native.models import core_for, greedy_request, hf_greedy, prompt, run_all, tokens_of
+from tests.engines.native.models import (
+    core_for,
+    greedy_request,
+    hf_greedy,
+    prompt,
+    run_all,
+    tokens_of,
+)
 
 pytestmark = [
     pytest.mark.gpu,
