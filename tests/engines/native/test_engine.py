@@ -154,3 +154,26 @@ async def test_model_card(engine, llama):
 def test_create_engine_rejects_a_directory_it_cannot_serve(tmp_path):
     with pytest.raises(ValueError, match=r"config\.json"):
         create_engine(NativeConfig(), str(tmp_path), "x")
+
+
+async def test_a_failing_step_kills_the_engine_with_errors_not_hangs(llama):
+    from stator.engines.base import EngineDead
+
+    model_dir, _ = llama
+    config = NativeConfig(device="cpu", dtype="float32", kv_cache_memory="4MiB")
+    eng = create_engine(config, str(model_dir), "tiny")
+    await eng.start()
+    try:
+
+        def broken_step():
+            raise RuntimeError("simulated device failure")
+
+        eng.core.step = broken_step
+        outs = await asyncio.wait_for(collect(eng, greedy_request("x", [11, 12], 3)), TIMEOUT)
+        assert outs[-1].finish_reason == "error" and "simulated device failure" in outs[-1].error
+        with pytest.raises(EngineDead):
+            await eng.health_check()
+        with pytest.raises(EngineDead):
+            await collect(eng, greedy_request("y", [11, 12], 3))
+    finally:
+        await eng.shutdown()

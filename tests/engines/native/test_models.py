@@ -104,3 +104,16 @@ def test_missing_weights_are_reported(tmp_path, llama):
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(ValueError, match="gate_up_proj"):
         core_for(broken)
+
+
+def test_unsupported_activation_is_a_clear_error(tmp_path, llama):
+    model_dir, _ = llama
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (odd / name).write_bytes((model_dir / name).read_bytes())
+    config = json.loads((odd / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (odd / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hidden_act 'gelu'"):
+        core_for(odd)

@@ -103,6 +103,13 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, backend: AttentionBackend, max_positions: int) -> None:
         super().__init__()
         self.spec = spec
+        act = spec.raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(
+                f"{spec.architecture}: hidden_act {act!r} is not supported (silu only)"
+            )
+        if spec.raw.get("mlp_bias"):
+            raise ValueError(f"{spec.architecture}: mlp_bias=true is not supported")
         rotary = RotaryEmbedding(spec.head_dim, max_positions, spec.rope_theta, spec.rope_scaling)
         qkv_bias = spec.attention_bias if self.qkv_bias is None else self.qkv_bias
         o_bias = spec.attention_bias if self.o_bias is None else self.o_bias
