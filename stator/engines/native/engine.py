@@ -21,7 +21,7 @@ from stator.engines.base import Engine, EngineDead, EngineError
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.engine_core import EngineCore
 from stator.engines.native.models import model_class
-from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, ModelCard
+from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, ModelCard, Usage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -117,7 +117,15 @@ class NativeEngine(Engine):
         core = self.core
         if core is None:
             return
-        self._finish_stream(request_id, EngineOutput(finish_reason="abort"))
+        seq = core.seqs.get(request_id)
+        usage = None
+        if seq is not None:  # a snapshot; the step thread may be one token ahead
+            usage = Usage(
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=seq.num_emitted,
+                cached_tokens=seq.num_cached_tokens or 0,
+            )
+        self._finish_stream(request_id, EngineOutput(finish_reason="abort", usage=usage))
         await self._between_steps(lambda: core.abort(request_id))
         self._after_change()
 

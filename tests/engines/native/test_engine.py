@@ -63,6 +63,7 @@ async def test_abort_ends_the_stream_and_frees_blocks(engine):
     await engine.abort("long")
     rest = [o async for o in gen]
     assert rest[-1].finish_reason == "abort"
+    assert rest[-1].usage.prompt_tokens == 30 and rest[-1].usage.completion_tokens >= 1
     report = engine.load()[0]
     assert report.active_kv_blocks == 0 and report.num_running == 0 and report.worker_id == 17
     await engine.abort("no-such-request")  # ignored
