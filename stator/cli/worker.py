@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     worker_config = from_args(WorkerConfig, engine_args)
     download = from_args(DownloadConfig, engine_args)
     try:
-        model_dir = _model_dir(worker_config, download)
+        model_dir = worker_model_dir(worker_config, download)
     except ModelNotFound as exc:
         log.error("%s", exc)
         return 2
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(serve_worker(runtime_config, worker_config, engine, model_dir))
 
 
-def _model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
+def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     if not config.model:
         from stator.models import bundled_model_dir
 
@@ -167,4 +167,4 @@ def _model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     return resolve_model(config.model, revision=download.revision, cache_dir=download.cache_dir)
 
 
-__all__ = ["full_parser", "load_engine_spec", "register", "run"]
+__all__ = ["full_parser", "load_engine_spec", "register", "run", "worker_model_dir"]
