@@ -1,0 +1,180 @@
+"""`POST /v1/chat/completions`: a chat request through the pipeline, answered as one
+`chat.completion` or as a stream of `chat.completion.chunk`s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from msgspec import UNSET
+
+from stator.frontend import errors
+from stator.frontend.metrics import GenerationTracker
+from stator.frontend.openai_models import ChatCompletionRequest
+from stator.frontend.pipeline import (
+    ChoiceStream,
+    EngineFailed,
+    ModelPipeline,
+    merged_deltas,
+    prime_all,
+)
+from stator.frontend.responses import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobEntry,
+    ChatLogprobs,
+    ChatMessageOut,
+    TopLogprobEntry,
+    to_json,
+    usage_info,
+)
+from stator.frontend.streaming import DONE, SSEResponse, sse, sse_error
+from stator.llm.postprocess import Delta
+from starlette.responses import Response
+
+
+def chat_logprobs(pipeline: ModelPipeline, delta: Delta) -> ChatLogprobs | None:
+    if not delta.logprobs:
+        return None
+    entries = []
+    for lp in delta.logprobs:
+        text = pipeline.token_text(lp.token_id)
+        top = [
+            TopLogprobEntry(token=t, logprob=alt.logprob, bytes=list(t.encode()))
+            for alt in lp.top
+            for t in (pipeline.token_text(alt.token_id),)
+        ]
+        entries.append(
+            ChatLogprobEntry(
+                token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top
+            )
+        )
+    return ChatLogprobs(content=entries)
+
+
+async def create_chat_completion(
+    body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str
+) -> Response | SSEResponse:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise errors.bad_request(
+            "top_logprobs requires logprobs to be true.", param="top_logprobs"
+        )
+    prompt = pipeline.chat_prompt(body)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    streams = pipeline.open_choices(body, [prompt], request_id, logprobs=logprobs)
+    tracker = GenerationTracker(pipeline.metrics, pipeline.name, len(prompt))
+    try:
+        await prime_all(streams)
+    except BaseException:
+        tracker.finish(0, 0, disconnected=False)
+        raise
+    response_id = f"chatcmpl-{request_id}"
+    created = int(time.time())
+    if body.stream:
+        return SSEResponse(
+            chat_chunks(body, pipeline, streams, tracker, response_id, created),
+            on_close=lambda gone: tracker.finish(
+                sum(s.completion_tokens for s in streams),
+                streams[0].cached_tokens,
+                disconnected=gone,
+            ),
+        )
+    try:
+        result = await chat_result(pipeline, streams, tracker, response_id, created)
+    except EngineFailed as exc:
+        raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
+    finally:
+        tracker.finish(
+            sum(s.completion_tokens for s in streams), streams[0].cached_tokens, disconnected=False
+        )
+    return Response(to_json(result), media_type="application/json")
+
+
+async def chat_result(
+    pipeline: ModelPipeline,
+    streams: list[ChoiceStream],
+    tracker: GenerationTracker,
+    response_id: str,
+    created: int,
+) -> ChatCompletion:
+    texts: list[list[str]] = [[] for _ in streams]
+    logprobs: list[ChatLogprobs | None] = [None for _ in streams]
+    finish: list[Delta | None] = [None for _ in streams]
+    async for index, delta in merged_deltas(streams):
+        tracker.output()
+        if delta.text:
+            texts[index].append(delta.text)
+        lp = chat_logprobs(pipeline, delta)
+        if lp is not None:
+            if logprobs[index] is None:
+                logprobs[index] = ChatLogprobs(content=[])
+            logprobs[index].content.extend(lp.content)  # type: ignore[union-attr]
+        if delta.finish_reason is not None:
+            finish[index] = delta
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ChatMessageOut(role="assistant", content="".join(texts[i])),
+            logprobs=logprobs[i],
+            finish_reason=finish[i].finish_reason if finish[i] else "stop",
+            stop_reason=finish[i].stop_reason if finish[i] else None,
+        )
+        for i in range(len(streams))
+    ]
+    return ChatCompletion(
+        id=response_id,
+        created=created,
+        model=pipeline.name,
+        choices=choices,
+        usage=usage_info(
+            len(streams[0].request.token_ids),
+            sum(s.completion_tokens for s in streams),
+            streams[0].cached_tokens,
+        ),
+    )
+
+
+async def chat_chunks(
+    body: ChatCompletionRequest,
+    pipeline: ModelPipeline,
+    streams: list[ChoiceStream],
+    tracker: GenerationTracker,
+    response_id: str,
+    created: int,
+) -> AsyncIterator[bytes]:
+    model = pipeline.name
+    usage_field = None if body.include_usage else UNSET
+    for stream in streams:
+        # OpenAI's first chunk of each choice carries the role and empty content.
+        first = ChatChunkChoice(index=stream.index, delta=ChatDelta(role="assistant", content=""))
+        yield sse(to_json(ChatCompletionChunk(response_id, created, model, [first], usage=usage_field)))
+    want_logprobs = bool(body.logprobs)
+    try:
+        async for index, delta in merged_deltas(streams):
+            tracker.output()
+            choice = ChatChunkChoice(
+                index=index,
+                delta=ChatDelta(content=delta.text) if delta.text else ChatDelta(),
+                logprobs=chat_logprobs(pipeline, delta) if want_logprobs else None,
+                finish_reason=delta.finish_reason,
+            )
+            if delta.finish_reason is not None:
+                choice.stop_reason = delta.stop_reason
+            yield sse(
+                to_json(ChatCompletionChunk(response_id, created, model, [choice], usage=usage_field))
+            )
+    except EngineFailed as exc:
+        yield sse_error(errors.engine_failed(f"The worker failed the request: {exc}"))
+        yield DONE
+        return
+    if body.include_usage:
+        usage = usage_info(
+            len(streams[0].request.token_ids),
+            sum(s.completion_tokens for s in streams),
+            streams[0].cached_tokens,
+        )
+        yield sse(to_json(ChatCompletionChunk(response_id, created, model, [], usage=usage)))
+    yield DONE
