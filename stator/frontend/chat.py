@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 
 from msgspec import UNSET
+from starlette.responses import Response
 
 from stator.frontend import errors
 from stator.frontend.metrics import GenerationTracker
@@ -33,7 +34,6 @@ from stator.frontend.responses import (
 )
 from stator.frontend.streaming import DONE, SSEResponse, sse, sse_error
 from stator.llm.postprocess import Delta
-from starlette.responses import Response
 
 
 def chat_logprobs(pipeline: ModelPipeline, delta: Delta) -> ChatLogprobs | None:
@@ -59,9 +59,7 @@ async def create_chat_completion(
     body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str
 ) -> Response | SSEResponse:
     if body.top_logprobs is not None and not body.logprobs:
-        raise errors.bad_request(
-            "top_logprobs requires logprobs to be true.", param="top_logprobs"
-        )
+        raise errors.bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
     prompt = pipeline.chat_prompt(body)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     streams = pipeline.open_choices(body, [prompt], request_id, logprobs=logprobs)
@@ -150,7 +148,9 @@ async def chat_chunks(
     for stream in streams:
         # OpenAI's first chunk of each choice carries the role and empty content.
         first = ChatChunkChoice(index=stream.index, delta=ChatDelta(role="assistant", content=""))
-        yield sse(to_json(ChatCompletionChunk(response_id, created, model, [first], usage=usage_field)))
+        yield sse(
+            to_json(ChatCompletionChunk(response_id, created, model, [first], usage=usage_field))
+        )
     want_logprobs = bool(body.logprobs)
     try:
         async for index, delta in merged_deltas(streams):
@@ -164,7 +164,9 @@ async def chat_chunks(
             if delta.finish_reason is not None:
                 choice.stop_reason = delta.stop_reason
             yield sse(
-                to_json(ChatCompletionChunk(response_id, created, model, [choice], usage=usage_field))
+                to_json(
+                    ChatCompletionChunk(response_id, created, model, [choice], usage=usage_field)
+                )
             )
     except EngineFailed as exc:
         yield sse_error(errors.engine_failed(f"The worker failed the request: {exc}"))

@@ -59,9 +59,7 @@ def _check_supported(body: CompletionRequest) -> None:
         raise errors.bad_request("best_of other than n is not supported.", param="best_of")
     if body.echo and body.logprobs is not None:
         # Needs prompt logprobs from the engine, which the pipeline does not request.
-        raise errors.bad_request(
-            "echo together with logprobs is not supported.", param="logprobs"
-        )
+        raise errors.bad_request("echo together with logprobs is not supported.", param="logprobs")
 
 
 async def create_completion(
@@ -157,9 +155,7 @@ class _Context:
             )
             for i in range(len(self.streams))
         ]
-        return Completion(
-            self.id, self.created, self.pipeline.name, choices, usage=self.usage()
-        )
+        return Completion(self.id, self.created, self.pipeline.name, choices, usage=self.usage())
 
     async def chunks(self) -> AsyncIterator[bytes]:
         body, model = self.body, self.pipeline.name

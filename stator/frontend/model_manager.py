@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from stator.frontend.pipeline import ModelPipeline
 from stator.protocols import ModelCard, decode
 from stator.router import RouterConfig
 from stator.runtime import Runtime
 from stator.runtime.names import EndpointName, models_prefix
-
-from stator.frontend.pipeline import ModelPipeline
 
 log = logging.getLogger(__name__)
 

@@ -107,8 +107,10 @@ class ChatCompletionRequest(SamplingFields):
 
     @property
     def completion_limit(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else (
-            self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
         )
 
 

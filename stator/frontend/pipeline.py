@@ -18,7 +18,8 @@ import msgspec
 from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from stator.llm import ModelFiles, TemplateRenderError
+from stator.llm.chat_template import TemplateRenderError
+from stator.llm.model_files import ModelFiles
 from stator.llm.postprocess import ChoiceProcessor, Delta
 from stator.llm.sampling import InvalidParam, build_sampling
 from stator.protocols import EngineOutput, EngineRequest, ModelCard

@@ -46,7 +46,7 @@ class ChatLogprobs(msgspec.Struct):
 class ChatMessageOut(msgspec.Struct):
     role: str
     content: str | None
-    reasoning_content: str | None | UnsetType = UNSET
+    reasoning_content: str | UnsetType | None = UNSET
     tool_calls: list[dict[str, Any]] | UnsetType = UNSET
 
 
@@ -80,7 +80,7 @@ class ChatChunkChoice(msgspec.Struct):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    stop_reason: str | int | None | UnsetType = UNSET
+    stop_reason: str | int | UnsetType | None = UNSET
 
 
 class ChatCompletionChunk(msgspec.Struct):
@@ -90,7 +90,7 @@ class ChatCompletionChunk(msgspec.Struct):
     choices: list[ChatChunkChoice]
     object: str = "chat.completion.chunk"
     system_fingerprint: str | None = None
-    usage: UsageInfo | None | UnsetType = UNSET
+    usage: UsageInfo | UnsetType | None = UNSET
 
 
 # -- completions -------------------------------------------------------------------------
@@ -108,7 +108,7 @@ class CompletionChoice(msgspec.Struct):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
-    stop_reason: str | int | None | UnsetType = UNSET
+    stop_reason: str | int | UnsetType | None = UNSET
 
 
 class Completion(msgspec.Struct):
@@ -118,7 +118,7 @@ class Completion(msgspec.Struct):
     choices: list[CompletionChoice]
     object: str = "text_completion"
     system_fingerprint: str | None = None
-    usage: UsageInfo | None | UnsetType = UNSET
+    usage: UsageInfo | UnsetType | None = UNSET
 
 
 # -- models ------------------------------------------------------------------------------
