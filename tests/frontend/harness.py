@@ -20,8 +20,10 @@ from stator.engines.base import Engine
 from stator.frontend import FrontendConfig, RunningFrontend, running_frontend
 from stator.protocols import EngineRequest
 from stator.runtime import Runtime, RuntimeConfig
+from stator.runtime.discovery import mem as mem_discovery
 
-DISCOVERY = "mem:frontend-tests"
+STORE = "frontend-tests"
+DISCOVERY = f"mem:{STORE}"
 
 
 def engine_handler(engine: Engine):
@@ -49,6 +51,7 @@ class Stack:
         self.frontend: RunningFrontend | None = None
         self._frontend_cm: Any = None
         self.workers: list[Runtime] = []
+        self._store: mem_discovery.MemStore | None = None
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -59,15 +62,24 @@ class Stack:
 
     # -- on the stack's loop ---------------------------------------------------------
 
+    async def new_runtime(self) -> Runtime:
+        """A runtime on the stack's discovery store. The store is put back first: the
+        tests' autouse fixture empties the registry of mem stores between tests, and a
+        module-wide stack outlives that."""
+        if self._store is None:
+            self._store = mem_discovery.mem_store(STORE)
+        mem_discovery._stores[STORE] = self._store
+        return await Runtime.create(RuntimeConfig(discovery=DISCOVERY))
+
     async def _start(self) -> None:
-        self.frontend_runtime = await Runtime.create(RuntimeConfig(discovery=DISCOVERY))
+        self.frontend_runtime = await self.new_runtime()
         self._frontend_cm = running_frontend(
             self.frontend_runtime, FrontendConfig(http_host="127.0.0.1", http_port=0)
         )
         self.frontend = await self._frontend_cm.__aenter__()
 
     async def _add_worker(self, engine: Engine, endpoint: str, **card_fields: Any) -> Runtime:
-        runtime = await Runtime.create(RuntimeConfig(discovery=DISCOVERY))
+        runtime = await self.new_runtime()
         engine.worker_id = runtime.instance_id
         await engine.start()
         await runtime.serve(endpoint, engine_handler(engine), EngineRequest)

@@ -110,11 +110,8 @@ def test_model_with_card_but_no_live_worker_is_503(stack, http, engines, tiny_mo
     # A card without a served endpoint: the model is known, no instance is live.
     import msgspec
 
-    from stator.runtime import Runtime, RuntimeConfig
-    from tests.frontend.harness import DISCOVERY
-
-    async def publish() -> Runtime:
-        runtime = await Runtime.create(RuntimeConfig(discovery=DISCOVERY))
+    async def publish():
+        runtime = await stack.new_runtime()
         card = msgspec.structs.replace(
             engines[ECHO].model_card(), name="test/orphan", source_path=str(tiny_model_dir)
         )
@@ -159,13 +156,13 @@ def test_sdk_raises_on_503(stack, client, monkeypatch):
     assert info.value.status_code == 503
 
 
-def test_engine_error_mid_stream_is_an_sse_error(stack, http, monkeypatch):
+def test_engine_error_mid_stream_is_an_sse_error(stack, http, monkeypatch, tokenizer):
     from stator.protocols import EngineOutput
 
     pipeline = stack.call(stack.frontend.manager.pipeline(ECHO))
 
     async def failing(request):
-        yield EngineOutput(token_ids=[100])
+        yield EngineOutput(token_ids=tokenizer.encode("hello"))
         yield EngineOutput(finish_reason="error", error="device lost")
 
     monkeypatch.setattr(pipeline.router, "generate", failing)

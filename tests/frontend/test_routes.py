@@ -61,7 +61,7 @@ def test_metrics(client, http):
         'stage="route"',
         'stage="detokenize"',
         "stator_frontend_client_disconnects_total",
-        "stator_frontend_models 3.0",
+        "stator_frontend_models 4.0",
     ):
         assert name in text, name
 
