@@ -8,7 +8,7 @@ may carry them inline when the frontend cannot see the worker's disk).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,60 @@ def _as_id_list(value: Any) -> list[int]:
     return []
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as one printable character: printable
+    Latin-1 bytes stand for themselves, the others are shifted to U+0100 and up."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(0x100 + shifted)
+            shifted += 1
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _decoder_types(inner: tokenizers.Tokenizer) -> set[str]:
+    if inner.decoder is None:
+        return set()
+    try:
+        spec = json.loads(inner.decoder.__getstate__())
+    except Exception:
+        return set()
+    parts = spec.get("decoders", [spec]) if isinstance(spec, dict) else []
+    return {p.get("type") for p in parts if isinstance(p, dict)}
+
+
+def token_bytes_reader(inner: tokenizers.Tokenizer) -> Callable[[str], bytes | None]:
+    """How to read a vocabulary piece's raw bytes for this tokenizer's decoder (None:
+    not knowable from the piece; the caller falls back to the decoded text)."""
+    kinds = _decoder_types(inner)
+    if "ByteLevel" in kinds:
+
+        def byte_level(piece: str) -> bytes | None:
+            try:
+                return bytes(_BYTE_LEVEL[c] for c in piece)
+            except KeyError:
+                return None
+
+        return byte_level
+    if "ByteFallback" in kinds:
+
+        def byte_fallback(piece: str) -> bytes | None:
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                try:
+                    return bytes([int(piece[3:5], 16)])
+                except ValueError:
+                    return None
+            return piece.replace("\u2581", " ").encode()
+
+        return byte_fallback
+    return lambda piece: None
+
+
 class Tokenizer:
     """Encode and decode text for one model."""
 
@@ -98,6 +152,9 @@ class Tokenizer:
             if eos_id is not None:
                 ids.append(eos_id)
         self.eos_token_ids: list[int] = list(dict.fromkeys(ids))
+        self._added_ids: frozenset[int] = frozenset(added)
+        self._raw_bytes = token_bytes_reader(inner)
+        self._token_info: dict[int, tuple[str, list[int]]] = {}
 
     # -- construction ----------------------------------------------------------------------
 
@@ -161,6 +218,27 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.inner.id_to_token(token_id)
+
+    def token_info(self, token_id: int) -> tuple[str, list[int]]:
+        """One token as logprobs show it: its text alone and its raw UTF-8 bytes (which
+        may be part of a character: the text is then U+FFFD, the bytes are exact)."""
+        info = self._token_info.get(token_id)
+        if info is None:
+            raw = None
+            if token_id not in self._added_ids:
+                piece = self.inner.id_to_token(token_id)
+                raw = self._raw_bytes(piece) if piece is not None else None
+            try:
+                # From the bytes when they are whole characters: a decoder would strip
+                # the leading space of "▁the" decoded alone.
+                text = raw.decode() if raw is not None else None
+            except UnicodeDecodeError:
+                text = None
+            if text is None:
+                text = self.inner.decode([token_id], skip_special_tokens=False)
+            info = (text, list(raw if raw is not None else text.encode()))
+            self._token_info[token_id] = info
+        return info
 
     def __repr__(self) -> str:
         return (
