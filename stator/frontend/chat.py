@@ -36,33 +36,27 @@ from stator.frontend.streaming import DONE, SSEResponse, sse, sse_error
 from stator.llm.postprocess import Delta
 
 
-def chat_logprobs(pipeline: ModelPipeline, delta: Delta) -> ChatLogprobs | None:
+def chat_logprobs(delta: Delta) -> ChatLogprobs | None:
     if not delta.logprobs:
         return None
-    entries = []
-    for lp in delta.logprobs:
-        text = pipeline.token_text(lp.token_id)
-        top = [
-            TopLogprobEntry(token=t, logprob=alt.logprob, bytes=list(t.encode()))
-            for alt in lp.top
-            for t in (pipeline.token_text(alt.token_id),)
-        ]
-        entries.append(
+    return ChatLogprobs(
+        content=[
             ChatLogprobEntry(
-                token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=lp.bytes,
+                top_logprobs=[TopLogprobEntry(t.token, t.logprob, t.bytes) for t in lp.top],
             )
-        )
-    return ChatLogprobs(content=entries)
+            for lp in delta.logprobs
+        ]
+    )
 
 
 async def create_chat_completion(
     body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str
 ) -> Response | SSEResponse:
-    if body.top_logprobs is not None and not body.logprobs:
-        raise errors.bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
     prompt = pipeline.chat_prompt(body)
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    streams = pipeline.open_choices(body, [prompt], request_id, logprobs=logprobs)
+    streams = pipeline.open_choices(body, [prompt], request_id)
     tracker = GenerationTracker(pipeline.metrics, pipeline.name, len(prompt))
     try:
         await prime_all(streams)
@@ -105,7 +99,7 @@ async def chat_result(
         tracker.output()
         if delta.text:
             texts[index].append(delta.text)
-        lp = chat_logprobs(pipeline, delta)
+        lp = chat_logprobs(delta)
         if lp is not None:
             if logprobs[index] is None:
                 logprobs[index] = ChatLogprobs(content=[])
@@ -158,7 +152,7 @@ async def chat_chunks(
             choice = ChatChunkChoice(
                 index=index,
                 delta=ChatDelta(content=delta.text) if delta.text else ChatDelta(),
-                logprobs=chat_logprobs(pipeline, delta) if want_logprobs else None,
+                logprobs=chat_logprobs(delta) if want_logprobs else None,
                 finish_reason=delta.finish_reason,
             )
             if delta.finish_reason is not None:

@@ -36,20 +36,16 @@ from stator.llm.postprocess import Delta
 class LogprobsBuilder:
     """OpenAI's legacy completions logprobs: parallel lists, offsets into the choice text."""
 
-    def __init__(self, pipeline: ModelPipeline, offset: int) -> None:
-        self.pipeline = pipeline
+    def __init__(self, offset: int) -> None:
         self.offset = offset
 
     def add(self, delta: Delta, into: CompletionLogprobs) -> None:
         for lp in delta.logprobs or ():
-            text = self.pipeline.token_text(lp.token_id)
-            into.tokens.append(text)
+            into.tokens.append(lp.token)
             into.token_logprobs.append(lp.logprob)
-            into.top_logprobs.append(
-                {self.pipeline.token_text(alt.token_id): alt.logprob for alt in lp.top}
-            )
+            into.top_logprobs.append({alt.token: alt.logprob for alt in lp.top})
             into.text_offset.append(self.offset)
-            self.offset += len(text)
+            self.offset += len(lp.token)
 
 
 def _check_supported(body: CompletionRequest) -> None:
@@ -67,7 +63,7 @@ async def create_completion(
 ) -> Response | SSEResponse:
     _check_supported(body)
     prompts = pipeline.completion_prompts(body)
-    streams = pipeline.open_choices(body, prompts, request_id, logprobs=body.logprobs)
+    streams = pipeline.open_choices(body, prompts, request_id)
     prompt_tokens = sum(len(p) for p in prompts)
     tracker = GenerationTracker(pipeline.metrics, pipeline.name, prompt_tokens)
     try:
@@ -119,9 +115,7 @@ class _Context:
         self.prompt_tokens = prompt_tokens
         self.id = f"cmpl-{request_id}"
         self.created = int(time.time())
-        self.logprobs = [
-            LogprobsBuilder(pipeline, len(echoes[i // body.n])) for i in range(len(streams))
-        ]
+        self.logprobs = [LogprobsBuilder(len(echoes[i // body.n])) for i in range(len(streams))]
 
     def usage(self):
         return usage_info(

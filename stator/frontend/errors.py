@@ -74,17 +74,6 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
-def context_too_long(prompt_tokens: int, max_tokens: int, context_length: int) -> ApiError:
-    return ApiError(
-        400,
-        f"This model's maximum context length is {context_length} tokens. However, you "
-        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-        f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
-        param="max_tokens",
-        code="context_length_exceeded",
-    )
-
-
 def no_workers(model: str) -> ApiError:
     return ApiError(
         503,

@@ -18,10 +18,14 @@ import msgspec
 from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
-from stator.llm.chat_template import TemplateRenderError
-from stator.llm.model_files import ModelFiles
-from stator.llm.postprocess import ChoiceProcessor, Delta
-from stator.llm.sampling import InvalidParam, build_sampling
+from stator.llm import (
+    ChoiceProcessor,
+    Delta,
+    InvalidParam,
+    ModelFiles,
+    TemplateRenderError,
+    build_sampling,
+)
 from stator.protocols import EngineOutput, EngineRequest, ModelCard
 from stator.router import Overloaded, Router, RouterConfig
 from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
@@ -60,8 +64,6 @@ class ChoiceStream:
         self.request = request
         self.processor = processor
         self.prompt_tokens = len(request.token_ids)
-        self.completion_tokens = 0
-        self.cached_tokens = 0
         self.detokenize_seconds = 0.0
         self._outputs: AsyncIterator[EngineOutput] = pipeline.router.generate(request)
         self._first: Delta | None = None
@@ -98,20 +100,22 @@ class ChoiceStream:
     async def _read_delta(self) -> Delta:
         async for output in self._outputs:
             self._started = True
-            if output.cached_tokens is not None:
-                self.cached_tokens = output.cached_tokens
-            self.completion_tokens += len(output.token_ids)
-            if output.usage is not None and output.usage.completion_tokens > self.completion_tokens:
-                # A hidden EOS is counted by the engine but never sent.
-                self.completion_tokens = output.usage.completion_tokens
             if output.finish_reason == "error":
                 raise EngineFailed(output.error or "engine error")
             started = time.perf_counter()
             delta = self.processor.process(output)
             self.detokenize_seconds += time.perf_counter() - started
-            if delta is not None and (delta.text or delta.finish_reason or delta.logprobs):
+            if delta.text or delta.finish_reason or delta.logprobs:
                 return delta
         raise EngineFailed("the engine stream ended without a finish reason")
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.processor.completion_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.processor.cached_tokens
 
     async def deltas(self) -> AsyncIterator[Delta]:
         """Every delta of this choice, the primed one first; ends at the finish."""
@@ -154,8 +158,7 @@ class ModelPipeline:
         self.client = client
         self.router = router
         self.metrics = metrics
-        self.eos_token_ids = list(card.eos_token_ids or self.tokenizer.eos_token_ids)
-        self._token_texts: dict[int, str] = {}
+        self.eos_token_ids = list(files.eos_token_ids)
 
     @classmethod
     async def create(
@@ -227,15 +230,6 @@ class ModelPipeline:
                 )
         return prompts
 
-    def token_text(self, token_id: int) -> str:
-        """A token's text on its own (for logprobs), cached per pipeline."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode(
-                [token_id], skip_special_tokens=False
-            )
-        return text
-
     def decode_prompt(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
@@ -246,58 +240,51 @@ class ModelPipeline:
         body: ChatCompletionRequest | CompletionRequest,
         prompts: list[list[int]],
         request_id: str,
-        *,
-        logprobs: int | None,
     ) -> list[ChoiceStream]:
         """One `ChoiceStream` per (prompt, choice), indexed `prompt * n + choice`."""
-        try:
-            sampling, stop, stop_strings = build_sampling(
-                body.model_dump(exclude_unset=True),
-                generation_config=self.files.generation_config,
-                eos_token_ids=self.eos_token_ids,
-            )
-        except InvalidParam as exc:
-            raise errors.bad_request(exc.message, param=exc.param) from exc
-        sampling = msgspec.structs.replace(sampling, n=1, logprobs=logprobs)
+        fields = body.model_dump(exclude_unset=True)
+        api = "chat" if isinstance(body, ChatCompletionRequest) else "completions"
         streams: list[ChoiceStream] = []
         for p, ids in enumerate(prompts):
-            limit = self._completion_limit(len(ids), body.completion_limit)
-            stop_p = msgspec.structs.replace(stop, max_tokens=limit)
+            try:
+                # Per prompt: the default max_tokens and the context check depend on its
+                # length.
+                sampling, stop, stop_strings = build_sampling(
+                    fields,
+                    generation_config=self.files.generation_config,
+                    eos_token_ids=self.eos_token_ids,
+                    vocab_size=self.tokenizer.vocab_size,
+                    prompt_tokens=len(ids),
+                    context_length=self.context_length,
+                    api=api,
+                )
+            except InvalidParam as exc:
+                raise errors.bad_request(exc.message, param=exc.param) from exc
+            # Each engine request is one choice; `n` is fanned out here.
+            sampling = msgspec.structs.replace(sampling, n=1)
             for c in range(body.n):
                 index = p * body.n + c
+                choice_sampling = (
+                    msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, c))
+                    if c
+                    else sampling
+                )
                 request = EngineRequest(
                     request_id=request_id if index == 0 else f"{request_id}-{index}",
                     model=self.name,
                     token_ids=ids,
-                    sampling=msgspec.structs.replace(sampling, seed=choice_seed(body.seed, c))
-                    if c
-                    else sampling,
-                    stop=stop_p,
+                    sampling=choice_sampling,
+                    stop=stop,
                 )
                 processor = ChoiceProcessor(
                     self.tokenizer,
-                    stop_strings=stop_strings,
-                    skip_special_tokens=body.skip_special_tokens,
-                    prompt_token_ids=ids,
+                    stop_strings,
+                    body.skip_special_tokens,
+                    ids,
+                    hidden_stop_token_ids=self.eos_token_ids,
                 )
                 streams.append(ChoiceStream(self, index, request, processor))
         return streams
-
-    def _completion_limit(self, prompt_tokens: int, requested: int | None) -> int:
-        context = self.context_length
-        if requested is None:
-            if prompt_tokens >= context:
-                raise errors.ApiError(
-                    400,
-                    f"This model's maximum context length is {context} tokens, and the prompt "
-                    f"has {prompt_tokens} tokens, which leaves no room for a completion.",
-                    param="messages",
-                    code="context_length_exceeded",
-                )
-            return context - prompt_tokens
-        if prompt_tokens + requested > context:
-            raise errors.context_too_long(prompt_tokens, requested, context)
-        return requested
 
 
 async def prime_all(streams: list[ChoiceStream]) -> None:
