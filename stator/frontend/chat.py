@@ -32,7 +32,7 @@ from stator.frontend.responses import (
     to_json,
     usage_info,
 )
-from stator.frontend.streaming import DONE, SSEResponse, sse, sse_error
+from stator.frontend.streaming import DONE, SSEResponse, TextChunkTemplate, sse, sse_error
 from stator.llm.postprocess import Delta
 
 
@@ -146,9 +146,29 @@ async def chat_chunks(
             to_json(ChatCompletionChunk(response_id, created, model, [first], usage=usage_field))
         )
     want_logprobs = bool(body.logprobs)
+    # Chunks that only carry text (nearly all of them) come from a pre-split template.
+    templates: dict[int, TextChunkTemplate] = {}
+
+    def text_template(index: int) -> TextChunkTemplate:
+        return TextChunkTemplate(
+            lambda text: ChatCompletionChunk(
+                response_id,
+                created,
+                model,
+                [ChatChunkChoice(index=index, delta=ChatDelta(content=text))],
+                usage=usage_field,
+            )
+        )
+
     try:
         async for index, delta in merged_deltas(streams):
             tracker.output()
+            if delta.finish_reason is None and not want_logprobs:
+                template = templates.get(index)
+                if template is None:
+                    template = templates[index] = text_template(index)
+                yield template.render(delta.text)
+                continue
             choice = ChatChunkChoice(
                 index=index,
                 delta=ChatDelta(content=delta.text) if delta.text else ChatDelta(),

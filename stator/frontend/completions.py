@@ -29,7 +29,7 @@ from stator.frontend.responses import (
     to_json,
     usage_info,
 )
-from stator.frontend.streaming import DONE, SSEResponse, sse, sse_error
+from stator.frontend.streaming import DONE, SSEResponse, TextChunkTemplate, sse, sse_error
 from stator.llm.postprocess import Delta
 
 
@@ -155,6 +155,20 @@ class _Context:
         body, model = self.body, self.pipeline.name
         usage_field = None if body.include_usage else UNSET
         pending_echo = [bool(self.echoes[i // body.n]) for i in range(len(self.streams))]
+        # Chunks that only carry text (nearly all of them) come from a pre-split template.
+        templates: dict[int, TextChunkTemplate] = {}
+
+        def text_template(index: int) -> TextChunkTemplate:
+            return TextChunkTemplate(
+                lambda text: Completion(
+                    self.id,
+                    self.created,
+                    model,
+                    [CompletionChoice(index=index, text=text, logprobs=None, finish_reason=None)],
+                    usage=usage_field,
+                )
+            )
+
         try:
             async for index, delta in merged_deltas(self.streams):
                 self.tracker.output()
@@ -162,6 +176,12 @@ class _Context:
                 if pending_echo[index]:
                     text = self.echoes[index // body.n] + text
                     pending_echo[index] = False
+                if delta.finish_reason is None and body.logprobs is None:
+                    template = templates.get(index)
+                    if template is None:
+                        template = templates[index] = text_template(index)
+                    yield template.render(text)
+                    continue
                 logprobs = None
                 if body.logprobs is not None:
                     logprobs = CompletionLogprobs()

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -103,3 +104,23 @@ class SSEResponse(Response):
                     self.on_close(disconnected)
                 except Exception:
                     log.exception("stream close callback failed")
+
+
+class TextChunkTemplate:
+    """The SSE bytes of a chunk whose only varying part is one text field, split once
+    around that field: the per-token path then JSON-encodes just the text and joins three
+    byte strings instead of building and encoding a whole chunk object."""
+
+    _MARK = "\x1fstator-text\x1f"
+
+    def __init__(self, build: Callable[[str], object]) -> None:
+        from stator.frontend.responses import to_json
+
+        raw = sse(to_json(build(self._MARK)))
+        self.prefix, self.suffix = raw.split(to_json(self._MARK))
+
+    def render(self, text: str) -> bytes:
+        return b"".join((self.prefix, _encode_str(text), self.suffix))
+
+
+_encode_str = msgspec.json.Encoder().encode
