@@ -18,6 +18,7 @@ from stator.logs import request_id_var
 
 _VALID_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _HEADER = b"x-request-id"
+RAW_SEND_KEY = "stator.raw_send"
 _KNOWN_PATHS = {
     "/v1/chat/completions",
     "/v1/completions",
@@ -50,6 +51,9 @@ class RequestContextMiddleware:
         rid = raw.decode() if raw is not None and _VALID_ID.match(raw) else uuid.uuid4().hex
         token = request_id_var.set(rid)
         rid_bytes = rid.encode()
+        # Streaming bodies skip the wrappers inside this one (see `SSEResponse`): once the
+        # headers went out through the full chain, each token's chunk goes straight here.
+        scope[RAW_SEND_KEY] = send
         status = 500
 
         async def send_with_id(message: Message) -> None:

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from stator.frontend.errors import ApiError
+from stator.frontend.request_context import RAW_SEND_KEY
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,14 @@ class SSEResponse(Response):
                     return
 
         watcher = asyncio.create_task(watch())
+        # Headers go through every middleware (request id, status metrics); body chunks,
+        # which nothing above inspects, go to the outermost send that takes them, saving
+        # a few coroutine hops per token.
+        body_send = scope.get(RAW_SEND_KEY, send)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
             async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             finished = True
         except asyncio.CancelledError:
