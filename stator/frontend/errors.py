@@ -113,20 +113,21 @@ def _param_from_location(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
-def validation_error(exc: RequestValidationError) -> ApiError:
-    errors = exc.errors()
+def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
+    """OpenAI's 400 for pydantic's (or FastAPI's) validation errors, naming the first bad
+    parameter."""
+    if isinstance(errors, RequestValidationError):
+        errors = errors.errors()
     if not errors:
         return bad_request("Invalid request body.")
     first = errors[0]
     if first.get("type") == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
         return bad_request(
-            f"The request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(
-                ": "
-            ),
-            code="invalid_json",
+            f"The request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json"
         )
-    loc = tuple(first.get("loc", ()))
-    if loc == ("body",):
+    loc = tuple(p for p in first.get("loc", ()) if p != "body")
+    if not loc:
         return bad_request("The request body must be a JSON object.", code="invalid_json")
     param = _param_from_location(loc)
     message = first.get("msg", "invalid value")

@@ -39,6 +39,22 @@ def test_health_and_live(http):
 def test_openapi_and_docs(http):
     spec = http.get("/openapi.json").json()
     assert "/v1/chat/completions" in spec["paths"] and "/v1/completions" in spec["paths"]
+    schemas = spec["components"]["schemas"]
+    assert "messages" in schemas["ChatCompletionRequest"]["properties"]
+    assert "prompt" in schemas["CompletionRequest"]["properties"]
+    refs = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            refs.extend(v for k, v in node.items() if k == "$ref")
+            for v in node.values():
+                collect(v)
+        elif isinstance(node, list):
+            for v in node:
+                collect(v)
+
+    collect(spec)
+    assert refs and all(r.rsplit("/", 1)[-1] in schemas for r in refs)
     assert http.get("/docs").status_code == 200
 
 
