@@ -90,8 +90,15 @@ class _SafeNamespace(jinja2.utils.Namespace):
             raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
 
 
-def _make_dict(*args: Any, **kwargs: Any) -> dict:
-    return dict(*args, **kwargs)
+class _DictFactory:
+    """`dict(...)` and `dict.fromkeys(...)` for templates, without handing them the `dict`
+    type itself (whose attributes lead back into the interpreter)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any) -> dict:
+        return dict.fromkeys(*args)
 
 
 @lru_cache(maxsize=64)
@@ -105,7 +112,7 @@ def compile_template(source: str) -> jinja2.Template:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _make_dict
+    env.globals["dict"] = _DictFactory()
     env.globals["namespace"] = _SafeNamespace
     try:
         return env.from_string(source)
@@ -203,7 +210,7 @@ class ChatTemplate:
     def select(self, tools: list | None) -> str:
         """HF's choice among named templates: "tool_use" when tools are given, else
         "default"; a single template is always "default"."""
-        if tools and "tool_use" in self.templates:
+        if tools is not None and "tool_use" in self.templates:
             return self.templates["tool_use"]
         if "default" in self.templates:
             return self.templates["default"]

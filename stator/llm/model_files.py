@@ -65,6 +65,7 @@ class ModelFiles:
         cls, files: Mapping[str, bytes], *, context_length: int | None = None
     ) -> ModelFiles:
         tokenizer = Tokenizer.from_files(files)
+        tokenizer.byte_level_table()  # build it now, not on the first request
         template = ChatTemplate.from_files(files)
         generation = load_json(files, "generation_config.json")
         defaults = {k: generation[k] for k in GENERATION_DEFAULT_FIELDS if k in generation}

@@ -105,34 +105,34 @@ class ChoiceProcessor:
         if output.cached_tokens is not None:
             self.cached_tokens = output.cached_tokens
 
+        logprobs = self._logprobs(output.logprobs) if output.logprobs else None
         finish = output.finish_reason
         text = self._detok.add(ids) if ids else ""
-        if finish is not None:
-            text += self._detok.flush()
-
-        stop_reason: str | int | None = None
         matcher = self._matcher
+        if finish is None:
+            # The per-token path: no finish yet, so only a stop string can end the choice.
+            if matcher is not None and text:
+                text, stopped = matcher.feed(text)
+                if stopped is not None:
+                    self.finish_reason, self.stop_reason = "stop", stopped
+                    return Delta(text, ids, logprobs, "stop", stopped)
+            return Delta(text, ids, logprobs)
+
+        text += self._detok.flush()
+        stop_reason: str | int | None = None
         if matcher is not None:
             text, stopped = matcher.feed(text)
             if stopped is not None:
                 finish, stop_reason = "stop", stopped
-            elif finish is not None:
+            else:
                 text += matcher.flush()
-        if finish is not None and stop_reason is None and finish == "stop":
+        if finish == "stop" and stop_reason is None:
             token = output.stop_token_id
             if token is not None and token not in self._hidden:
-                stop_reason = token
-        if finish is not None:
-            self.finish_reason, self.stop_reason = finish, stop_reason
-
-        return Delta(
-            text,
-            ids,
-            self._logprobs(output.logprobs) if output.logprobs else None,
-            finish,
-            stop_reason,
-            output.error if finish == "error" else None,
-        )
+                stop_reason = token  # a visible stop token; EOS reports None
+        self.finish_reason, self.stop_reason = finish, stop_reason
+        error = output.error if finish == "error" else None
+        return Delta(text, ids, logprobs, finish, stop_reason, error)
 
     def _logprobs(self, entries: list[TokenLogprob]) -> list[LogprobEntry]:
         info = self._tokenizer.token_info

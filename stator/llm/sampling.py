@@ -70,9 +70,7 @@ def build_sampling(
     min_p = as_number(pick("min_p"), "min_p", low=0.0, high=1.0)
     presence = as_number(pick("presence_penalty"), "presence_penalty", low=-2.0, high=2.0)
     frequency = as_number(pick("frequency_penalty"), "frequency_penalty", low=-2.0, high=2.0)
-    repetition = as_number(
-        pick("repetition_penalty"), "repetition_penalty", low=0.0, high=2.0, low_open=True
-    )
+    repetition = as_number(pick("repetition_penalty"), "repetition_penalty", low=0.0, low_open=True)
     seed = as_int(body.get("seed"), "seed", low=_SEED_RANGE[0], high=_SEED_RANGE[1])
     n = as_int(body.get("n"), "n", low=1, high=MAX_N)
 

@@ -53,3 +53,21 @@ def test_missing_or_broken_files_raise_clear_errors(tmp_path):
     files["tokenizer_config.json"] = b"[1, 2]"
     with pytest.raises(TokenizerError, match="JSON object"):
         Tokenizer.from_files(files)
+
+
+def test_token_info_gives_text_and_exact_bytes(tiny_model_dir, tmp_path):
+    from tests.llm.sentencepiece_style import make_byte_fallback_dir
+
+    for tok in (
+        Tokenizer.from_dir(tiny_model_dir),
+        Tokenizer.from_dir(make_byte_fallback_dir(tmp_path)),
+    ):
+        ids = tok.encode(" hello 你好")
+        infos = [tok.token_info(i) for i in ids]
+        assert b"".join(bytes(raw) for _, raw in infos).lstrip(
+            b" "
+        ) == " hello 你好".encode().lstrip(b" ")
+        # A word piece keeps its leading space even for SentencePiece's "▁hello".
+        assert any(text.startswith(" h") for text, _ in infos)
+        assert tok.token_info(tok.eos_token_ids[0])[0] == tok.eos_token
+        assert tok.token_info(ids[0]) is tok.token_info(ids[0])  # cached
