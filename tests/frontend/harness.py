@@ -23,7 +23,6 @@ from stator.runtime import Runtime, RuntimeConfig
 from stator.runtime.discovery import mem as mem_discovery
 
 STORE = "frontend-tests"
-DISCOVERY = f"mem:{STORE}"
 
 
 def engine_handler(engine: Engine):
@@ -42,8 +41,9 @@ def engine_handler(engine: Engine):
 
 
 class Stack:
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, store: str = STORE) -> None:
         self.model_dir = model_dir
+        self.store_name = store
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -67,9 +67,9 @@ class Stack:
         tests' autouse fixture empties the registry of mem stores between tests, and a
         module-wide stack outlives that."""
         if self._store is None:
-            self._store = mem_discovery.mem_store(STORE)
-        mem_discovery._stores[STORE] = self._store
-        return await Runtime.create(RuntimeConfig(discovery=DISCOVERY))
+            self._store = mem_discovery.MemStore()
+        mem_discovery._stores[self.store_name] = self._store
+        return await Runtime.create(RuntimeConfig(discovery=f"mem:{self.store_name}"))
 
     async def _start(self) -> None:
         self.frontend_runtime = await self.new_runtime()

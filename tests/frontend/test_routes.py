@@ -157,3 +157,42 @@ async def test_disconnect_while_engine_is_silent_aborts(stack, engines):
 def test_disconnect_is_counted(stack, http):
     text = http.get("/metrics").text
     assert "stator_frontend_client_disconnects_total" in text
+
+
+def test_health_is_503_without_live_workers(tiny_model_dir):
+    from tests.frontend.harness import Stack
+
+    empty = Stack(tiny_model_dir, store="frontend-tests-empty").start()
+    try:
+        with httpx.Client(base_url=empty.base_url, timeout=30) as http:
+            resp = http.get("/health")
+            assert resp.status_code == 503
+            assert resp.json()["status"] == "unhealthy"
+            assert http.get("/live").status_code == 200
+            assert http.get("/v1/models").json() == {"data": [], "object": "list"}
+    finally:
+        empty.stop()
+
+
+def test_request_id_reaches_the_request_path(stack, http, monkeypatch):
+    """Code serving a request (routing, here) sees the request's id in `request_id_var`,
+    so its log lines carry it."""
+    from stator.logs import request_id_var
+    from stator.protocols import EngineOutput
+
+    pipeline = stack.call(stack.frontend.manager.pipeline(ECHO))
+    seen: list[str] = []
+
+    async def recording(request):
+        seen.append(request_id_var.get())
+        yield EngineOutput(token_ids=request.token_ids[:1], finish_reason="stop")
+
+    monkeypatch.setattr(pipeline.router, "generate", recording)
+    for stream in (False, True):
+        resp = http.post(
+            "/v1/completions",
+            json={"model": ECHO, "prompt": "x", "stream": stream},
+            headers={"x-request-id": f"trace-{stream}"},
+        )
+        assert resp.status_code == 200
+    assert seen == ["trace-False", "trace-True"]
