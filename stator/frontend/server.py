@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ def _http_impl() -> str:
 
 
 class _EmbeddedServer(uvicorn.Server):
-    """A uvicorn server that leaves signal handling to its host process."""
+    """A uvicorn server that leaves signal handling to its host (uvicorn's own handlers
+    re-raise the signal after shutdown, which would kill the process before stator's
+    cleanup runs)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -106,20 +109,46 @@ async def serve_frontend(
     runtime: Runtime,
     frontend_config: FrontendConfig,
     router_config: RouterConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = True,
 ) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's handlers), then close the model manager."""
+    """Serve until `stop` is set or, with `handle_signals`, until SIGINT/SIGTERM; then
+    let in-flight HTTP requests finish (uvicorn's graceful shutdown) and close the model
+    manager. The caller owns `runtime` and shuts it down afterwards."""
     metrics = FrontendMetrics()
     manager = ModelManager(runtime, router_config, metrics)
     await manager.start()
     app = create_app(manager, metrics, frontend_config)
     sock = _bind(frontend_config.http_host, frontend_config.http_port)
+    server = _EmbeddedServer(_uvicorn_config(app, frontend_config))
     log.info(
         "frontend listening on http://%s:%d",
         frontend_config.http_host,
         sock.getsockname()[1],
     )
+
+    def request_exit() -> None:
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    for sig in signals:
+        loop.add_signal_handler(sig, request_exit)
+    stopper = None
+    if stop is not None:
+
+        async def wait_stop() -> None:
+            await stop.wait()
+            request_exit()
+
+        stopper = asyncio.create_task(wait_stop())
     try:
-        await uvicorn.Server(_uvicorn_config(app, frontend_config)).serve(sockets=[sock])
+        await server.serve(sockets=[sock])
     finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        if stopper is not None:
+            stopper.cancel()
         sock.close()
         await manager.close()
