@@ -97,6 +97,73 @@ async def engine_only(count: int, prompt_tokens: int, output_tokens: int) -> flo
     return (time.process_time() - start) / count
 
 
+async def asgi_only(model_dir: str, text: str, count: int, output_tokens: int) -> float:
+    """CPU seconds per request of the app alone: the ASGI app called directly with an
+    in-memory request (no sockets, no uvicorn), one request at a time, engine included."""
+    from stator.frontend import FrontendMetrics, ModelManager, create_app
+    from stator.protocols import EngineRequest
+    from stator.router import RouterConfig
+    from stator.runtime import Runtime, RuntimeConfig
+    from tests.fakes import ScriptedEngine
+    from tests.frontend.harness import engine_handler
+
+    engine = ScriptedEngine(MODEL, script=list(range(100, 100 + output_tokens)))
+    worker = await Runtime.create(RuntimeConfig(discovery="mem:asgi-only"))
+    await worker.serve(ENDPOINT, engine_handler(engine), EngineRequest)
+    card = engine.model_card()
+    card.source_path = model_dir
+    await worker.publish_model_card(ENDPOINT, card)
+    runtime = await Runtime.create(RuntimeConfig(discovery="mem:asgi-only"))
+    metrics = FrontendMetrics()
+    manager = ModelManager(runtime, RouterConfig(), metrics)
+    await manager.start()
+    await manager.wait_for_model(MODEL)
+    app = create_app(manager, metrics)
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"",
+        "query_string": b"", "root_path": "", "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000), "headers": [(b"content-type", b"application/json")],
+    }  # fmt: skip
+    never = asyncio.Event()
+
+    async def one() -> int:
+        sent = False
+        chunks = 0
+
+        async def receive() -> dict:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            nonlocal chunks
+            if message["type"] == "http.response.body" and message.get("body"):
+                chunks += 1
+
+        await app(dict(scope), receive, send)
+        return chunks
+
+    for _ in range(20):
+        await one()
+    start = time.process_time()
+    for _ in range(count):
+        await one()
+    return (time.process_time() - start) / count
+
+
 # -- client side -------------------------------------------------------------------------
 
 
@@ -199,7 +266,11 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(10)
+        asgi_ms = 1000 * asyncio.run(
+            asgi_only(str(model_dir), text, args.requests, args.output_tokens)
+        )
     engine_ms = 1000 * asyncio.run(engine_only(200, args.input_tokens, args.output_tokens))
+    print(json.dumps({"asgi_app_cpu_ms_per_request_incl_engine": round(asgi_ms, 3)}))
     for row in results:
         row["engine_cpu_ms_per_request"] = round(engine_ms, 3)
         row["frontend_cpu_ms_per_request"] = round(row["server_cpu_ms_per_request"] - engine_ms, 3)
