@@ -19,7 +19,9 @@ def test_token_histogram_matches_prometheus_histogram():
             ours.observe(series, v)
             theirs.labels(model).observe(v)
     ours_lines = sorted(
-        line for line in generate_latest(ours_registry).decode().splitlines() if "created" not in line
+        line
+        for line in generate_latest(ours_registry).decode().splitlines()
+        if "created" not in line
     )
     theirs_lines = sorted(
         line
