@@ -30,11 +30,11 @@ MODEL = "bench/scripted"
 ENDPOINT = "stator.bench.generate"
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (Linux)."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime, stime) of a process in seconds, from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
 def prompt_text(model_dir: Path, tokens: int) -> str:
@@ -252,12 +252,15 @@ def main() -> None:
                 ttfts, wall = asyncio.run(
                     load(port, text, args.requests, concurrency, args.output_tokens)
                 )
-                cpu = cpu_seconds(server.pid) - before
+                after = cpu_seconds(server.pid)
+                user, system = after[0] - before[0], after[1] - before[1]
+                cpu = user + system
                 results.append(
                     {
                         "concurrency": concurrency,
                         "requests": args.requests,
                         "server_cpu_ms_per_request": round(1000 * cpu / args.requests, 3),
+                        "of_which_kernel_ms": round(1000 * system / args.requests, 3),
                         "ttft_p50_ms": round(1000 * statistics.median(ttfts), 2),
                         "ttft_p90_ms": round(1000 * statistics.quantiles(ttfts, n=10)[-1], 2),
                         "requests_per_s": round(args.requests / wall, 1),
