@@ -119,13 +119,13 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         pipeline = await resolve(body.model)
-        return await create_chat_completion(body, pipeline, request_id_var.get())
+        return await create_chat_completion(body, pipeline, request_id_var.get(), request.receive)
 
     @app.post("/v1/completions", openapi_extra=_request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await _parse(request, CompletionRequest)
         pipeline = await resolve(body.model)
-        return await create_completion(body, pipeline, request_id_var.get())
+        return await create_completion(body, pipeline, request_id_var.get(), request.receive)
 
     def model_object(name: str) -> ModelObject:
         entry = manager.models[name]

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from msgspec import UNSET
 from starlette.responses import Response
+from starlette.types import Receive
 
 from stator.frontend import errors
 from stator.frontend.metrics import GenerationTracker
@@ -32,7 +33,16 @@ from stator.frontend.responses import (
     to_json,
     usage_info,
 )
-from stator.frontend.streaming import DONE, SSEResponse, TextChunkTemplate, sse, sse_error
+from stator.frontend.streaming import (
+    DONE,
+    ClientGone,
+    SSEResponse,
+    TextChunkTemplate,
+    cancel_on_disconnect,
+    client_gone_response,
+    sse,
+    sse_error,
+)
 from stator.llm.postprocess import Delta
 
 
@@ -53,13 +63,16 @@ def chat_logprobs(delta: Delta) -> ChatLogprobs | None:
 
 
 async def create_chat_completion(
-    body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str
+    body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str, receive: Receive
 ) -> Response | SSEResponse:
     prompt = pipeline.chat_prompt(body)
     streams = pipeline.open_choices(body, [prompt], request_id)
     tracker = GenerationTracker(pipeline.metrics, pipeline.name, len(prompt))
     try:
-        await prime_all(streams)
+        await cancel_on_disconnect(receive, prime_all(streams))
+    except ClientGone:
+        tracker.finish(0, 0, disconnected=True)
+        return client_gone_response()
     except BaseException:
         tracker.finish(0, 0, disconnected=False)
         raise
@@ -74,13 +87,19 @@ async def create_chat_completion(
                 disconnected=gone,
             ),
         )
+    gone = False
     try:
-        result = await chat_result(pipeline, streams, tracker, response_id, created)
+        result = await cancel_on_disconnect(
+            receive, chat_result(pipeline, streams, tracker, response_id, created)
+        )
+    except ClientGone:
+        gone = True
+        return client_gone_response()
     except EngineFailed as exc:
         raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
     finally:
         tracker.finish(
-            sum(s.completion_tokens for s in streams), streams[0].cached_tokens, disconnected=False
+            sum(s.completion_tokens for s in streams), streams[0].cached_tokens, disconnected=gone
         )
     return Response(to_json(result), media_type="application/json")
 

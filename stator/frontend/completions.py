@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from msgspec import UNSET
 from starlette.responses import Response
+from starlette.types import Receive
 
 from stator.frontend import errors
 from stator.frontend.metrics import GenerationTracker
@@ -29,7 +30,16 @@ from stator.frontend.responses import (
     to_json,
     usage_info,
 )
-from stator.frontend.streaming import DONE, SSEResponse, TextChunkTemplate, sse, sse_error
+from stator.frontend.streaming import (
+    DONE,
+    ClientGone,
+    SSEResponse,
+    TextChunkTemplate,
+    cancel_on_disconnect,
+    client_gone_response,
+    sse,
+    sse_error,
+)
 from stator.llm.postprocess import Delta
 
 
@@ -59,7 +69,7 @@ def _check_supported(body: CompletionRequest) -> None:
 
 
 async def create_completion(
-    body: CompletionRequest, pipeline: ModelPipeline, request_id: str
+    body: CompletionRequest, pipeline: ModelPipeline, request_id: str, receive: Receive
 ) -> Response | SSEResponse:
     _check_supported(body)
     prompts = pipeline.completion_prompts(body)
@@ -67,7 +77,10 @@ async def create_completion(
     prompt_tokens = sum(len(p) for p in prompts)
     tracker = GenerationTracker(pipeline.metrics, pipeline.name, prompt_tokens)
     try:
-        await prime_all(streams)
+        await cancel_on_disconnect(receive, prime_all(streams))
+    except ClientGone:
+        tracker.finish(0, 0, disconnected=True)
+        return client_gone_response()
     except BaseException:
         tracker.finish(0, 0, disconnected=False)
         raise
@@ -82,12 +95,16 @@ async def create_completion(
             context.chunks(),
             on_close=lambda gone: tracker.finish(*totals(), disconnected=gone),
         )
+    gone = False
     try:
-        result = await context.result()
+        result = await cancel_on_disconnect(receive, context.result())
+    except ClientGone:
+        gone = True
+        return client_gone_response()
     except EngineFailed as exc:
         raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
     finally:
-        tracker.finish(*totals(), disconnected=False)
+        tracker.finish(*totals(), disconnected=gone)
     return Response(to_json(result), media_type="application/json")
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 from starlette.responses import Response
@@ -22,6 +23,7 @@ from stator.frontend.errors import ApiError
 from stator.frontend.request_context import RAW_SEND_KEY
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
 _HEADERS = [
@@ -129,3 +131,42 @@ class TextChunkTemplate:
 
 
 _encode_str = msgspec.json.Encoder().encode
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its (non-streaming) answer was ready."""
+
+
+async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and with it the engine requests it holds) when the
+    client disconnects first; then raise `ClientGone`. The request body must already
+    have been read, so the next ASGI message can only be the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone = True
+                task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        raise ClientGone() from None
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def client_gone_response() -> Response:
+    """What to "send" when the client already left: nginx's 499, for the logs and the
+    requests counter (nobody receives it)."""
+    return Response(status_code=499)

@@ -235,3 +235,28 @@ def test_request_id_is_echoed_or_generated(http):
     assert resp.json()["id"] == "chatcmpl-abc-123"
     generated = http.post("/v1/chat/completions", json=body).headers["x-request-id"]
     assert len(generated) >= 16
+
+
+def test_response_format_and_stop_tokens_reach_the_engine(client, engines, eos_id):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    client.chat.completions.create(
+        model=STORY,
+        messages=MESSAGES,
+        max_tokens=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        extra_body={"stop_token_ids": [7], "ignore_eos": True},
+    )
+    sent = engines[STORY].requests[-1]
+    assert sent.sampling.guided_decoding is not None
+    assert sent.sampling.guided_decoding.json_schema == schema
+    assert sent.stop.stop_token_ids == [7]
+    assert sent.stop.ignore_eos is True
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_skip_special_tokens(client, tokenizer, skip):
+    ids = tokenizer.encode("<|im_start|>hello")
+    resp = client.completions.create(
+        model=ECHO, prompt=ids, max_tokens=20, extra_body={"skip_special_tokens": skip}
+    )
+    assert resp.choices[0].text == ("hello" if skip else "<|im_start|>hello")

@@ -196,3 +196,29 @@ def test_request_id_reaches_the_request_path(stack, http, monkeypatch):
         )
         assert resp.status_code == 200
     assert seen == ["trace-False", "trace-True"]
+
+
+async def _wait_aborted(engine, before: int, limit: float) -> None:
+    left = time.monotonic()
+    while (
+        len(engine.requests) <= before or engine.requests[before].request_id not in engine.aborted
+    ):
+        assert time.monotonic() - left < limit, "the engine never saw the abort"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("first_token_delay", [0.02, 3.0])
+async def test_non_streaming_disconnect_aborts(stack, engines, first_token_delay):
+    """A client that gives up on a non-streaming answer (while generating, or still
+    waiting for the first token) cancels the engine request too."""
+    engine = engines[SLOW]
+    old_delay = engine.delay
+    engine.delay = first_token_delay
+    try:
+        before = len(engine.requests)
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=1.0) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post("/v1/completions", json={"model": SLOW, "prompt": "go"})
+        await _wait_aborted(engine, before, limit=2.5)
+    finally:
+        engine.delay = old_delay
