@@ -67,7 +67,7 @@ async def create_chat_completion(
 ) -> Response | SSEResponse:
     prompt = pipeline.chat_prompt(body)
     streams = pipeline.open_choices(body, [prompt], request_id)
-    tracker = GenerationTracker(pipeline.metrics, pipeline.name, len(prompt))
+    tracker = GenerationTracker(pipeline.model_metrics, len(prompt))
     try:
         await cancel_on_disconnect(receive, prime_all(streams))
     except ClientGone:

@@ -75,7 +75,7 @@ async def create_completion(
     prompts = pipeline.completion_prompts(body)
     streams = pipeline.open_choices(body, prompts, request_id)
     prompt_tokens = sum(len(p) for p in prompts)
-    tracker = GenerationTracker(pipeline.metrics, pipeline.name, prompt_tokens)
+    tracker = GenerationTracker(pipeline.model_metrics, prompt_tokens)
     try:
         await cancel_on_disconnect(receive, prime_all(streams))
     except ClientGone:

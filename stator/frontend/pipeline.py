@@ -158,6 +158,7 @@ class ModelPipeline:
         self.client = client
         self.router = router
         self.metrics = metrics
+        self.model_metrics = metrics.for_model(self.name)
         self.eos_token_ids = list(files.eos_token_ids)
 
     @classmethod

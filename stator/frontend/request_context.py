@@ -67,4 +67,4 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
-            self.metrics.requests.labels(endpoint_label(scope["path"]), str(status)).inc()
+            self.metrics.count_request(endpoint_label(scope["path"]), status)
