@@ -34,12 +34,14 @@ class ChatMessage(BaseModel):
 
     def as_template_dict(self) -> dict[str, Any]:
         """The message as chat templates see it: text content parts joined into one string
-        (most templates concatenate `content` as a string); null fields dropped."""
+        (most templates concatenate `content` as a string); null fields dropped. Raises
+        ValueError for content parts other than text (no multimodal input yet)."""
         data = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            data["content"] = "".join(
-                str(part.get("text", "")) for part in self.content if part.get("type") == "text"
-            )
+            kinds = {str(part.get("type")) for part in self.content} - {"text"}
+            if kinds:
+                raise ValueError(f"content parts of type {sorted(kinds)} are not supported")
+            data["content"] = "".join(str(part.get("text", "")) for part in self.content)
         return data
 
 

@@ -189,10 +189,16 @@ class ModelPipeline:
                 f"Model `{self.name}` has no chat template; use /v1/completions.",
                 param="messages",
             )
+        messages = []
+        for i, message in enumerate(body.messages):
+            try:
+                messages.append(message.as_template_dict())
+            except ValueError as exc:
+                raise errors.bad_request(str(exc), param=f"messages[{i}].content") from exc
         started = time.perf_counter()
         try:
             text = self.template.render(
-                [m.as_template_dict() for m in body.messages],
+                messages,
                 tools=body.tools,
                 add_generation_prompt=body.add_generation_prompt
                 and not body.continue_final_message,

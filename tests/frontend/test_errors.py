@@ -75,6 +75,25 @@ def test_completion_schema_errors_name_the_parameter(http, body, param):
     assert error_of(resp)["param"] == param
 
 
+def test_non_text_content_parts_are_400(http):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+    resp = http.post("/v1/chat/completions", json={"model": STORY, "messages": messages})
+    assert resp.status_code == 400
+    assert error_of(resp)["param"] == "messages[0].content"
+    assert "image_url" in error_of(resp)["message"]
+
+
+def test_template_errors_are_400(http):
+    # The tiny ChatML template concatenates content; a message without one cannot render.
+    resp = http.post(
+        "/v1/chat/completions",
+        json={"model": STORY, "messages": [{"role": "assistant", "content": None}]},
+    )
+    assert resp.status_code == 400
+    assert error_of(resp)["param"] == "messages"
+
+
 def test_unknown_model_is_404(client, http):
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="no/such-model", messages=MESSAGES)
