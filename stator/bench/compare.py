@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from stator.bench.report import wide_console
+
 ROWS = [
     ("request_throughput", "avg", "requests/s", True),
     ("output_token_throughput", "avg", "output tok/s", True),
@@ -73,7 +75,7 @@ def compare(
     paths: list[str], plot_dir: str | None = None, console: Console | None = None
 ) -> list[Path]:
     runs = [load_summary(p) for p in paths]
-    console = console or Console()
+    console = console or wide_console()
     for table in compare_table(runs):
         console.print(table)
     if not plot_dir:

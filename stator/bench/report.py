@@ -61,8 +61,15 @@ def point_table(point: PointResult, title: str) -> Table:
     return table
 
 
+def wide_console() -> Console:
+    """A console that keeps tables readable when output goes to a file or pipe."""
+    import sys
+
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
 def print_result(result: BenchResult, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or wide_console()
     for point in result.points:
         console.print(point_table(point, f"{result.tag} ({result.model}, {result.endpoint})"))
 

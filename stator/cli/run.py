@@ -127,14 +127,20 @@ def run(args: argparse.Namespace) -> int:
 
     return run_main(
         lambda: _serve(
-            run_config, spec, engine_config, worker_config, frontend_config, router_config,
+            run_config,
+            spec,
+            engine_config,
+            worker_config,
+            frontend_config,
+            router_config,
             model_dir,
         )
     )
 
 
-async def _serve(run_config, spec, engine_config, worker_config, frontend_config,
-                 router_config, model_dir) -> int:
+async def _serve(
+    run_config, spec, engine_config, worker_config, frontend_config, router_config, model_dir
+) -> int:
     from stator.frontend.server import running_frontend
     from stator.runtime import Runtime, RuntimeConfig
     from stator.worker.host import WorkerHost
@@ -186,4 +192,3 @@ async def _serve(run_config, spec, engine_config, worker_config, frontend_config
             await runtime.shutdown(grace=0)
         await frontend_runtime.shutdown(grace=0)
     return exit_code
-
