@@ -80,8 +80,9 @@ def compare(
         console.print(table)
     if not plot_dir:
         return []
-    from stator.bench.plots import sweep_curves
+    from stator.bench.plots import runs_side_by_side, sweep_curves
 
     out = Path(plot_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return sweep_curves([(r["tag"], r["points"]) for r in runs], out, prefix="compare_")
+    series = [(r["tag"], r["points"]) for r in runs]
+    return sweep_curves(series, out, prefix="compare_") + runs_side_by_side(series, out)

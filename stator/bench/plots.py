@@ -129,3 +129,21 @@ def draw_run(result: BenchResult, out_dir: str | Path) -> list[Path]:
     ]
     files += sweep_curves([(result.tag, points)], out)
     return files
+
+
+def runs_side_by_side(runs: list[tuple[str, list[dict]]], out: Path) -> list[Path]:
+    """Bars of the headline numbers of each run's first point (runs without a sweep)."""
+    panels = [
+        ("output_token_throughput", "avg", "output tok/s"),
+        ("time_to_first_token", "p50", "TTFT p50 (ms)"),
+        ("time_to_first_token", "p90", "TTFT p90 (ms)"),
+        ("inter_token_latency", "p50", "ITL p50 (ms)"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    names = [name for name, _ in runs]
+    for ax, (key, stat, label) in zip(axes, panels, strict=True):
+        values = [points[0].get(key, {}).get(stat, float("nan")) for _, points in runs]
+        ax.bar(range(len(names)), values, color=[f"C{i}" for i in range(len(names))])
+        ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+        ax.set_title(label)
+    return [_save(fig, out / "compare_runs.png")]
