@@ -54,7 +54,9 @@ def test_cost_formula_matches_dynamos_worked_example():
 
 
 def test_uncached_prompt_counts_as_prefill():
-    c = Candidate((1, 0), overlap_blocks=2, cached_blocks=0, inflight_prefill_tokens=0, active_blocks=3)
+    c = Candidate(
+        (1, 0), overlap_blocks=2, cached_blocks=0, inflight_prefill_tokens=0, active_blocks=3
+    )
     # 10 tokens, 2 blocks (8 tokens) cached: 2 tokens = 0.5 block of prefill.
     assert cost(c, 10, BS, 2.0) == pytest.approx(2.0 * 0.5 + 3)
     # A weight of 0 ignores the cache entirely.

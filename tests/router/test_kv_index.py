@@ -81,7 +81,9 @@ def test_stored_event_with_our_hashes():
     index.apply(A, BlockStored(block_hashes=ours[:2], token_ids=tokens[: 2 * BS], block_size=BS))
     index.apply(
         A,
-        BlockStored(block_hashes=ours[2:], parent_hash=ours[1], token_ids=tokens[2 * BS :], block_size=BS),
+        BlockStored(
+            block_hashes=ours[2:], parent_hash=ours[1], token_ids=tokens[2 * BS :], block_size=BS
+        ),
     )
     assert index.find_matches(ours) == {A: 3}
 
@@ -94,7 +96,12 @@ def test_engine_with_its_own_hashes_is_indexed_from_tokens():
     index.apply(A, BlockStored(block_hashes=theirs[:2], token_ids=tokens[: 2 * BS], block_size=BS))
     index.apply(
         A,
-        BlockStored(block_hashes=theirs[2:], parent_hash=theirs[1], token_ids=tokens[2 * BS :], block_size=BS),
+        BlockStored(
+            block_hashes=theirs[2:],
+            parent_hash=theirs[1],
+            token_ids=tokens[2 * BS :],
+            block_size=BS,
+        ),
     )
     assert index.find_matches(ours) == {A: 3}
     # Removals name the engine's hashes.
@@ -108,7 +115,9 @@ def test_foreign_block_with_unknown_parent_is_ignored():
     index = KvIndex(BS)
     tokens = blocks(1, 2)
     index.apply(A, BlockStored(block_hashes=[1], token_ids=tokens[:BS], block_size=BS))
-    index.apply(A, BlockStored(block_hashes=[9], parent_hash=555, token_ids=tokens[BS:], block_size=BS))
+    index.apply(
+        A, BlockStored(block_hashes=[9], parent_hash=555, token_ids=tokens[BS:], block_size=BS)
+    )
     assert index.tree_size(A) == 1
 
 

@@ -7,7 +7,10 @@ W = 42
 
 def stored(event_id: int, *hashes: int, worker: int = W, rank: int = 0) -> KvEvent:
     return KvEvent(
-        worker_id=worker, event_id=event_id, dp_rank=rank, data=BlockStored(block_hashes=list(hashes))
+        worker_id=worker,
+        event_id=event_id,
+        dp_rank=rank,
+        data=BlockStored(block_hashes=list(hashes)),
     )
 
 

@@ -28,7 +28,9 @@ def test_load_report_corrects_the_estimate():
     tracker = LoadTracker(default_total_blocks=100)
     tracker.add("r1", K, 0, 10)
     # The engine holds 40 blocks (other frontends' requests too) out of 200.
-    tracker.report(LoadReport(worker_id=1, active_kv_blocks=40, total_kv_blocks=200, queued_prefill_tokens=500))
+    tracker.report(
+        LoadReport(worker_id=1, active_kv_blocks=40, total_kv_blocks=200, queued_prefill_tokens=500)
+    )
     load = tracker.load(K)
     assert load.active_blocks == 40 and load.total_blocks == 200
     assert load.queued_prefill_tokens == 500
@@ -63,7 +65,11 @@ def test_busy_thresholds():
 
 
 @pytest.mark.parametrize(
-    "bad", [BusyThresholds(active_decode_blocks_threshold=1.5), BusyThresholds(active_prefill_tokens_threshold=-1)]
+    "bad",
+    [
+        BusyThresholds(active_decode_blocks_threshold=1.5),
+        BusyThresholds(active_prefill_tokens_threshold=-1),
+    ],
 )
 def test_bad_thresholds(bad):
     with pytest.raises(ValueError):
