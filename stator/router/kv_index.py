@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 
 from stator.kv.hashing import block_hashes
 from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEventData
@@ -45,10 +46,13 @@ class _Slot:
 
 
 class KvIndex:
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, jump: int = 1) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if jump < 1:
+            raise ValueError(f"jump must be >= 1, got {jump}")
         self.block_size = block_size
+        self.jump = jump
         self._owners: dict[int, int] = {}  # sequence hash -> bitmask of slots
         self._slots: dict[WorkerKey, _Slot] = {}
         self._by_bit: dict[int, WorkerKey] = {}
@@ -209,20 +213,46 @@ class KvIndex:
         if not alive:
             return {}
         depths: dict[WorkerKey, int] = {}
-        by_bit = self._by_bit
+        n = len(hashes)
+        jump = self.jump
+        if jump == 1:
+            return self._walk(hashes, alive, depths)
+        pos = 0  # every worker in `alive` holds blocks 0..pos
+        while pos < n - 1:
+            end = min(pos + jump, n - 1)
+            if jump > 1 and alive & get(hashes[end], 0) == alive:
+                pos = end  # nobody dropped out at the end of the stride: skip it
+                continue
+            for i in range(pos + 1, end + 1):
+                still = alive & get(hashes[i], 0)
+                if still != alive:
+                    self._record(alive ^ still, i, depths)
+                    if not still:
+                        return depths
+                    alive = still
+            pos = end
+        self._record(alive, n, depths)
+        return depths
+
+    def _walk(
+        self, hashes: Sequence[int], alive: int, depths: dict[WorkerKey, int]
+    ) -> dict[WorkerKey, int]:
+        """The exact walk: every block is checked."""
         depth = 1
-        for h in hashes[1:]:
-            still = alive & get(h, 0)
+        for mask in map(self._owners.get, hashes[1:], repeat(0)):
+            still = alive & mask
             if still != alive:
-                dropped = alive ^ still
-                while dropped:
-                    low = dropped & -dropped
-                    depths[by_bit[low.bit_length() - 1]] = depth
-                    dropped ^= low
+                self._record(alive ^ still, depth, depths)
                 if not still:
                     return depths
                 alive = still
             depth += 1
-        for key in self._keys_of(alive):
-            depths[key] = depth
+        self._record(alive, depth, depths)
         return depths
+
+    def _record(self, mask: int, depth: int, depths: dict[WorkerKey, int]) -> None:
+        by_bit = self._by_bit
+        while mask:
+            low = mask & -mask
+            depths[by_bit[low.bit_length() - 1]] = depth
+            mask ^= low

@@ -59,7 +59,7 @@ async def test_limit_counts_migrations():
 
 
 async def test_model_card_limit_applies_when_flag_unset():
-    router, workers = await start_router(
+    router, _workers = await start_router(
         2, RouterConfig(router_mode="round-robin"), migration_limit=2
     )
     assert router.migration_limit == 2

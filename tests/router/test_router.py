@@ -179,7 +179,7 @@ async def test_queue_timeout_rejects():
 
 
 async def test_busy_threshold_api():
-    router, workers = await start_router(1, RouterConfig())
+    router, _workers = await start_router(1, RouterConfig())
     assert router.busy_thresholds() == {
         "active_decode_blocks_threshold": None,
         "active_prefill_tokens_threshold": None,
