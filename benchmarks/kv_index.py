@@ -67,6 +67,22 @@ def interleave(per_worker: list[list[KvEvent]]) -> list[KvEvent]:
     return out
 
 
+class Timer:
+    """Wall time and this process's CPU time: on a shared machine the CPU time says what
+    one core does when the process has it to itself."""
+
+    def __enter__(self) -> Timer:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall = time.perf_counter() - self.wall0
+        self.cpu = time.process_time() - self.cpu0
+
+    def rate(self, count: float, unit: float = 1e6) -> str:
+        return f"{count / self.wall / unit:.2f} wall, {count / self.cpu / unit:.2f} cpu"
+
+
 def percentile(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
@@ -116,15 +132,11 @@ def main() -> None:
     index = KvIndex(bs, jump=args.jump)
     sync = KvEventSync(index)
     gc.disable()
-    t = time.perf_counter()
-    for event in events:
-        sync.apply(event)
-    store_s = time.perf_counter() - t
+    with Timer() as timer:
+        for event in events:
+            sync.apply(event)
     gc.enable()
-    print(
-        f"store:  {n_blocks / store_s / 1e6:.2f} M blocks/s ({len(events) / store_s / 1e3:.0f} k events/s), "
-        f"{index.num_blocks()} distinct blocks"
-    )
+    print(f"store:  M blocks/s: {timer.rate(n_blocks)}; {index.num_blocks()} distinct blocks")
 
     # Removing and re-storing 10% of every worker's blocks (eviction churn).
     churn = []
@@ -142,14 +154,13 @@ def main() -> None:
             next_id += 2
     churn_blocks = sum(len(e.data.block_hashes) for e in churn)
     gc.disable()
-    t = time.perf_counter()
-    for event in churn:
-        sync.apply(event)
-    churn_s = time.perf_counter() - t
+    with Timer() as timer:
+        for event in churn:
+            sync.apply(event)
     gc.enable()
     assert sync.gaps == 0
     print(
-        f"churn:  {churn_blocks / churn_s / 1e6:.2f} M blocks/s (remove + store, {churn_blocks} blocks)"
+        f"churn:  M blocks/s: {timer.rate(churn_blocks)} (remove + re-store, {churn_blocks} blocks)"
     )
 
     # Decoding from the wire too: batches of 32 events as msgpack.
@@ -157,40 +168,36 @@ def main() -> None:
     sample = events[: min(len(events), 100_000)]
     payloads = [encode(KvEventBatch(events=sample[i : i + 32])) for i in range(0, len(sample), 32)]
     sample_blocks = sum(len(e.data.block_hashes) for e in sample)
-    t = time.perf_counter()
-    for payload in payloads:
-        for event in decode(payload, KvEventBatch).events:
-            fresh.apply(event)
-    wire_s = time.perf_counter() - t
-    print(f"wire:   {sample_blocks / wire_s / 1e6:.2f} M blocks/s (msgpack decode + apply)")
+    with Timer() as timer:
+        for payload in payloads:
+            for event in decode(payload, KvEventBatch).events:
+                fresh.apply(event)
+    print(f"wire:   M blocks/s: {timer.rate(sample_blocks)} (msgpack decode + apply)")
 
     # -- lookups --------------------------------------------------------------------
-    lat = []
+    lat, cpu_lat = [], []
     matched = 0
-    t_all = time.perf_counter()
-    for i in range(args.lookups):
-        q = queries[i % len(queries)]
-        t = time.perf_counter()
-        scores = index.find_matches(q)
-        lat.append(time.perf_counter() - t)
-        matched += len(scores)
-    total = time.perf_counter() - t_all
+    find = index.find_matches
+    wall, cpu = time.perf_counter, time.process_time
+    with Timer() as timer:
+        for i in range(args.lookups):
+            q = queries[i % len(queries)]
+            w0, c0 = wall(), cpu()
+            matched += len(find(q))
+            c1, w1 = cpu(), wall()
+            lat.append(w1 - w0)
+            cpu_lat.append(c1 - c0)
     print(
-        f"lookup: {args.lookups / total / 1e3:.1f} k lookups/s of {len(queries[0])} blocks; "
-        f"p50 {statistics.median(lat) * 1e6:.0f} us, p99 {percentile(lat, 99) * 1e6:.0f} us; "
+        f"lookup: k lookups/s of {len(queries[0])} blocks: {timer.rate(args.lookups, 1e3)}; "
+        f"latency us wall p50 {statistics.median(lat) * 1e6:.0f} p99 {percentile(lat, 99) * 1e6:.0f}, "
+        f"cpu p50 {statistics.median(cpu_lat) * 1e6:.0f} p99 {percentile(cpu_lat, 99) * 1e6:.0f}; "
         f"{matched / args.lookups:.0f} workers matched per lookup"
     )
-    hash_lat = []
-    for i in range(min(args.lookups, 2000)):
-        p = prompts[i % len(prompts)]
-        t = time.perf_counter()
-        index.find_matches(block_hashes(p, bs))
-        hash_lat.append(time.perf_counter() - t)
-    print(
-        f"hash+lookup: {len(hash_lat) / sum(hash_lat) / 1e3:.1f} k/s; "
-        f"p50 {statistics.median(hash_lat) * 1e6:.0f} us, p99 {percentile(hash_lat, 99) * 1e6:.0f} us "
-        f"({args.prompt_tokens} tokens hashed per lookup)"
-    )
+    n = min(args.lookups, 2000)
+    with Timer() as timer:
+        for i in range(n):
+            find(block_hashes(prompts[i % len(prompts)], bs))
+    print(f"hash+lookup: k/s: {timer.rate(n, 1e3)} ({args.prompt_tokens} tokens hashed per lookup)")
 
 
 if __name__ == "__main__":

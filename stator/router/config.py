@@ -26,6 +26,12 @@ class RouterConfig:
         "kv mode: index workers' KV events (--no-router-kv-events: assume each worker holds "
         "the prompts the router sent it, for --router-ttl seconds)",
     )
+    router_kv_index_jump: int = option(
+        1,
+        "kv mode: check every Nth prompt block in the index and scan back only where a "
+        "worker dropped out (faster on long prompts; misses a hole inside a stride). "
+        "1 checks every block",
+    )
     router_ttl: float = option(
         120.0, "Approximate kv mode: seconds a routed prompt is assumed cached"
     )
@@ -73,6 +79,8 @@ class RouterConfig:
             raise ValueError("router_temperature must be >= 0")
         if self.router_ttl <= 0 or self.router_max_tree_size <= 0:
             raise ValueError("router_ttl and router_max_tree_size must be positive")
+        if self.router_kv_index_jump < 1:
+            raise ValueError("router_kv_index_jump must be >= 1")
         if self.router_queue_size < 0:
             raise ValueError("router_queue_size must be >= 0")
         if self.migration_limit is not None and self.migration_limit < 0:

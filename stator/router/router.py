@@ -82,7 +82,7 @@ class Router:
         self.feed: KvEventFeed | None = None
         if self.mode == "kv":
             if config.router_kv_events:
-                self.index = KvIndex(self.block_size)
+                self.index = KvIndex(self.block_size, config.router_kv_index_jump)
                 sync = KvEventSync(self.index)
                 self.feed = KvEventFeed(runtime, client, sync, self.metrics)
             else:

@@ -140,3 +140,27 @@ def test_block_size_mismatch_is_ignored():
 def test_bad_block_size():
     with pytest.raises(ValueError):
         KvIndex(0)
+
+
+def test_jump_search_finds_every_drop_point():
+    index = KvIndex(BS, jump=4)
+    prompt = block_hashes(blocks(*range(1, 12)), BS)  # 11 blocks
+    depths = {(w, 0): d for w, d in enumerate([0, 1, 3, 4, 5, 8, 10, 11])}
+    for key, depth in depths.items():
+        index.store(key, prompt[:depth])
+    exact = KvIndex(BS)
+    for key, depth in depths.items():
+        exact.store(key, prompt[:depth])
+    expected = {k: d for k, d in depths.items() if d}
+    assert index.find_matches(prompt) == exact.find_matches(prompt) == expected
+
+
+def test_jump_search_misses_a_hole_inside_a_stride():
+    """The documented trade-off of jump > 1."""
+    prompt = block_hashes(blocks(1, 2, 3, 4, 5), BS)
+    holey = [prompt[0], prompt[2], prompt[3], prompt[4]]
+    exact, jumping = KvIndex(BS), KvIndex(BS, jump=4)
+    exact.store(A, holey)
+    jumping.store(A, holey)
+    assert exact.find_matches(prompt) == {A: 1}
+    assert jumping.find_matches(prompt) == {A: 5}
