@@ -77,7 +77,7 @@ class KvEventFeed:
                 continue
             if self.sync.apply(event):
                 self._spawn(event.worker_id)
-            self.metrics.kv_events.inc()
+        self.metrics.kv_events.inc(len(batch.events))
 
     def on_instance(self, worker_id: int, alive: bool) -> None:
         if alive:

@@ -64,3 +64,14 @@ def test_validate(field, value):
     config = RouterConfig(**{field: value})
     with pytest.raises(ValueError):
         config.validate()
+
+
+def test_every_flag_is_documented():
+    import dataclasses
+    from pathlib import Path
+
+    from stator.config import flag_name
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "router.md").read_text()
+    for field in dataclasses.fields(RouterConfig):
+        assert f"`{flag_name(field)}" in doc, f"{flag_name(field)} missing from docs/router.md"
