@@ -118,7 +118,12 @@ def main() -> None:
     parser.add_argument("--shared-chains", type=int, default=2000)
     parser.add_argument("--chain-blocks", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--jump", type=int, default=1, help="KvIndex jump stride (1: exact walk)")
+    parser.add_argument(
+        "--jump",
+        type=int,
+        default=8,
+        help="KvIndex jump stride (the router's default; 1: exact walk)",
+    )
     parser.add_argument(
         "--depths",
         choices=["random", "few"],

@@ -27,10 +27,10 @@ class RouterConfig:
         "the prompts the router sent it, for --router-ttl seconds)",
     )
     router_kv_index_jump: int = option(
-        1,
+        8,
         "kv mode: check every Nth prompt block in the index and scan back only where a "
-        "worker dropped out (faster on long prompts; misses a hole inside a stride). "
-        "1 checks every block",
+        "worker dropped out (faster lookups on long prompts; misses a hole inside a "
+        "stride, which engines that evict tail blocks first rarely leave). 1 checks every block",
     )
     router_ttl: float = option(
         120.0, "Approximate kv mode: seconds a routed prompt is assumed cached"

@@ -18,12 +18,15 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from stator.router.kv_index import WorkerKey
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
+    """One (worker, dp_rank) as the cost sees it. A tuple: the router builds one per
+    worker per request, and a tuple is the cheapest thing Python can build."""
+
     key: WorkerKey
     overlap_blocks: int  # leading prompt blocks cached on this worker
     cached_blocks: int  # everything cached on this worker (its "tree size")
@@ -54,7 +57,11 @@ def choose(
 ) -> Choice:
     if not candidates:
         raise ValueError("no candidates to choose from")
-    costs = {c.key: cost(c, prompt_tokens, block_size, weight) for c in candidates}
+    # cost(), inlined: this runs once per worker per request.
+    costs = {
+        key: weight * (max(0, prompt_tokens - overlap * block_size) + queued) / block_size + active
+        for key, overlap, _, queued, active in candidates
+    }
     if temperature > 0:
         chosen = _sample(candidates, costs, temperature, rng)
     else:
