@@ -241,3 +241,78 @@ async def test_replicas_see_each_others_load():
     await until(lambda: router_b.load.load((target.id, 0)).inflight == 0)
     await router_a.close()
     await router_b.close()
+
+
+async def test_worker_without_admin_endpoint_is_still_indexed_from_events():
+    from prometheus_client import CollectorRegistry
+
+    from stator.protocols import EngineOutput, ModelCard
+    from stator.router import Router
+    from stator.runtime import Runtime, RuntimeConfig
+    from tests.router.fleet import GENERATE, start_worker
+
+    worker = await start_worker(admin=False)
+    frontend = await Runtime.create(RuntimeConfig(discovery="mem"))
+    client = await frontend.client(GENERATE, EngineOutput)
+    await client.wait_for_instances(1, timeout=5)
+    card = ModelCard(name="m", source_path="", kv_block_size=BS)
+    router = Router(
+        frontend, client, card, RouterConfig(router_mode="kv"), registry=CollectorRegistry()
+    )
+    router.feed.retry_delay = 0.01
+    await router.start()
+    await worker.publish_stored(HASHES[:2], event_id=1)
+    await until(lambda: router.index.tree_size((worker.id, 0)) == 2)
+    # Events from an instance the client does not know are not indexed.
+    from stator.protocols import BlockStored, KvEventBatch
+
+    stranger = KvEvent(
+        worker_id=999, event_id=1, data=BlockStored(block_hashes=HASHES, block_size=BS)
+    )
+    await worker.runtime.publish("kv_events", KvEventBatch(events=[stranger]))
+    await worker.publish_stored(HASHES[2:3], event_id=2)
+    await until(lambda: router.index.tree_size((worker.id, 0)) == 3)
+    assert router.index.tree_size((999, 0)) == 0
+    await router.close()
+
+
+async def test_data_parallel_rank_is_chosen_and_passed_on():
+    router, workers = await start_router(
+        1, RouterConfig(router_mode="least-loaded"), data_parallel_size=2
+    )
+    assert router.candidates() == [(workers[0].id, 0), (workers[0].id, 1)]
+    workers[0].release.clear()
+    first = asyncio.create_task(collect(router, request("a", [1])))
+    await until(lambda: len(workers[0].requests) == 1)
+    second = asyncio.create_task(collect(router, request("b", [1])))
+    await until(lambda: len(workers[0].requests) == 2)
+    ranks = sorted(r.routing.dp_rank for r in workers[0].requests)
+    assert ranks == [0, 1]
+    workers[0].release.set()
+    await first
+    await second
+    await router.close()
+
+
+async def test_priority_queue_serves_the_higher_priority_first():
+    config = RouterConfig(
+        router_mode="round-robin",
+        active_prefill_tokens_threshold=0,
+        router_queue_size=4,
+        router_queue_policy="priority",
+    )
+    router, workers = await start_router(1, config)
+    w = workers[0]
+    w.release.clear()
+    stuck = asyncio.create_task(collect(router, request("a", [1, 2, 3])))
+    await until(lambda: len(w.requests) == 1)
+    low = asyncio.create_task(collect(router, request("low", [1, 2], priority=0)))
+    await until(lambda: len(router.queue) == 1)
+    high = asyncio.create_task(collect(router, request("high", [1, 2], priority=5)))
+    await until(lambda: len(router.queue) == 2)
+    w.release.set()
+    await asyncio.wait_for(asyncio.gather(stuck, low, high), 10)
+    order = [r.request_id for r in w.requests]
+    assert order == ["a", "high", "low"]
+    assert router.metrics.queue_length.labels("m")._value.get() == 0
+    await router.close()
