@@ -189,10 +189,10 @@ class Router:
         self, request: EngineRequest, tried: set[int]
     ) -> AsyncIterator[EngineOutput]:
         """One try: admit, choose, book, stream."""
-        await self._admit(request, tried)
+        keys = await self._admit(request, tried)
         started = time.perf_counter()
         hashes = self._hashes(request) if self.mode == "kv" else []
-        key, overlap = self._choose(request, tried, hashes)
+        key, overlap = self._choose(request, keys, hashes)
         tried.add(key[0])
         self._record_decision(request, key, overlap, hashes, started)
         booking = f"{request.request_id}#{next(self._ids)}"
@@ -260,11 +260,12 @@ class Router:
         free = [k for k in keys if not is_busy(self.load.load(k), self.thresholds)]
         return free
 
-    async def _admit(self, request: EngineRequest, tried: set[int]) -> None:
-        """Return when some candidate is not busy; wait in the queue or raise
-        `Overloaded` when all are."""
-        if self._eligible(request, tried) and not len(self.queue):
-            return
+    async def _admit(self, request: EngineRequest, tried: set[int]) -> list[WorkerKey]:
+        """The candidates that are not busy, as soon as there are some: waits in the queue
+        or raises `Overloaded` while all are busy."""
+        keys = self._eligible(request, tried)
+        if keys and not len(self.queue):
+            return keys
         if self.queue.full:
             self._reject()
         model = self.card.name
@@ -273,8 +274,10 @@ class Router:
         deadline = time.monotonic() + self.config.router_queue_timeout
         try:
             while True:
-                if self.queue.is_head(ticket) and self._eligible(request, tried):
-                    return
+                if self.queue.is_head(ticket):
+                    keys = self._eligible(request, tried)
+                    if keys:
+                        return keys
                 if time.monotonic() >= deadline:
                     self._reject()
                 await self.queue.wait_turn(ticket)
@@ -288,12 +291,9 @@ class Router:
         raise Overloaded("All workers are busy", retry_after=1.0)
 
     def _choose(
-        self, request: EngineRequest, tried: set[int], hashes: list[int]
+        self, request: EngineRequest, keys: list[WorkerKey], hashes: list[int]
     ) -> tuple[WorkerKey, int]:
-        """(chosen candidate, prompt blocks cached there)."""
-        keys = self._eligible(request, tried)
-        if not keys:  # became busy between admission and now: take the least bad
-            keys = self.candidates(tried) or keys
+        """(chosen candidate among `keys`, prompt blocks cached there)."""
         if self.mode != "kv":
             if len(keys) == 1:
                 return keys[0], 0
