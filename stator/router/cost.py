@@ -3,9 +3,10 @@
     cost_w = weight * prefill_blocks_w + decode_blocks_w
 
 where prefill_blocks_w is the prompt's uncached part on w plus the prefill w has been sent
-and not finished (in blocks), and decode_blocks_w the KV blocks active on w. A longer
-cached prefix lowers the first term; a busy worker raises both, so affinity never piles
-everything onto one worker. Ties go to the worker with the smaller cache (it has more room
+and not finished (in blocks), and decode_blocks_w the KV blocks active on w once this
+request is added there: those active now plus the prompt's blocks that no active request
+on w holds yet (as in Dynamo). A longer cached prefix lowers the first term; a busy
+worker raises both, so affinity never piles everything onto one worker. Ties go to the worker with the smaller cache (it has more room
 and is the less likely to evict someone's prefix), then to chance. A temperature above
 zero samples from softmax(-cost / (spread * temperature)) instead.
 
@@ -32,6 +33,7 @@ class Candidate(NamedTuple):
     cached_blocks: int  # everything cached on this worker (its "tree size")
     inflight_prefill_tokens: int
     active_blocks: int
+    active_overlap: int = 0  # leading prompt blocks that active requests hold there
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,8 @@ class Choice:
 def cost(candidate: Candidate, prompt_tokens: int, block_size: int, weight: float) -> float:
     uncached = max(0, prompt_tokens - candidate.overlap_blocks * block_size)
     prefill_blocks = (uncached + candidate.inflight_prefill_tokens) / block_size
-    return weight * prefill_blocks + candidate.active_blocks
+    new_blocks = max(0, -(-prompt_tokens // block_size) - candidate.active_overlap)
+    return weight * prefill_blocks + candidate.active_blocks + new_blocks
 
 
 def choose(
@@ -58,9 +61,12 @@ def choose(
     if not candidates:
         raise ValueError("no candidates to choose from")
     # cost(), inlined: this runs once per worker per request.
+    prompt_blocks = -(-prompt_tokens // block_size)
     costs = {
-        key: weight * (max(0, prompt_tokens - overlap * block_size) + queued) / block_size + active
-        for key, overlap, _, queued, active in candidates
+        key: weight * (max(0, prompt_tokens - overlap * block_size) + queued) / block_size
+        + active
+        + max(0, prompt_blocks - active_overlap)
+        for key, overlap, _, queued, active, active_overlap in candidates
     }
     if temperature > 0:
         chosen = _sample(candidates, costs, temperature, rng)

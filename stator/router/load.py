@@ -2,7 +2,9 @@
 
 The router books every request it sends: its uncached prompt tokens count as *prefill
 load* until the first token comes back, its prompt blocks count as *active KV blocks*
-until it finishes. Workers' `LoadReport`s correct the block count: a report replaces the
+until it finishes. Requests that share a prefix on one worker share its blocks there, so
+a block is counted once however many active requests hold it (when the router knows the
+prompt's block hashes, i.e. in kv mode; otherwise every request counts all its blocks). Workers' `LoadReport`s correct the block count: a report replaces the
 router's estimate with what the engine really holds (including requests other frontends
 sent), and the router keeps adding what it booked since. Router replicas share bookings
 (`stator.router.replica_sync`), so they are tracked here under the other router's id.
@@ -22,7 +24,8 @@ from stator.router.kv_index import WorkerKey
 class Booking:
     key: WorkerKey
     prefill_tokens: int
-    blocks: int
+    hashes: list[int]
+    unhashed_blocks: int  # blocks without a hash (a partial last block, or no hashes)
     prefilling: bool = True
 
 
@@ -39,6 +42,18 @@ class WorkerLoad:
     reported_prefill_tokens: int = 0
     reported_requests: int = 0
     has_report: bool = False
+    # Block hash -> active requests holding it on this worker.
+    active: dict[int, int] = field(default_factory=dict)
+
+    def active_depth(self, hashes: list[int]) -> int:
+        """How many leading blocks of `hashes` active requests already hold here."""
+        active = self.active
+        depth = 0
+        for h in hashes:
+            if h not in active:
+                break
+            depth += 1
+        return depth
 
     @property
     def active_blocks(self) -> int:
@@ -65,14 +80,30 @@ class LoadTracker:
             load = self.loads[key] = WorkerLoad(total_blocks=self.default_total_blocks)
         return load
 
-    def add(self, request_id: str, key: WorkerKey, prefill_tokens: int, blocks: int) -> None:
-        """Book a request just sent to `key`."""
+    def add(
+        self,
+        request_id: str,
+        key: WorkerKey,
+        prefill_tokens: int,
+        blocks: int,
+        hashes: list[int] | None = None,
+    ) -> None:
+        """Book a request just sent to `key`: `blocks` KV blocks, of which the first
+        `len(hashes)` have these hashes."""
         if request_id in self.bookings:
             self.finish(request_id)
-        self.bookings[request_id] = Booking(key, prefill_tokens, blocks)
+        hashes = hashes or []
+        unhashed = max(0, blocks - len(hashes))
+        self.bookings[request_id] = Booking(key, prefill_tokens, hashes, unhashed)
         load = self.load(key)
         load.prefill_tokens += prefill_tokens
-        load.blocks_since_report += blocks
+        active = load.active
+        new = unhashed
+        for h in hashes:
+            count = active.get(h, 0)
+            active[h] = count + 1
+            new += count == 0
+        load.blocks_since_report += new
         load.requests += 1
 
     def prefill_done(self, request_id: str) -> None:
@@ -93,7 +124,16 @@ class LoadTracker:
             return None
         load = self.loads.get(booking.key)
         if load is not None:
-            load.blocks_since_report -= booking.blocks
+            active = load.active
+            freed = booking.unhashed_blocks
+            for h in booking.hashes:
+                count = active.get(h, 0)
+                if count <= 1:
+                    active.pop(h, None)
+                    freed += 1
+                else:
+                    active[h] = count - 1
+            load.blocks_since_report -= freed
             load.requests -= 1
         return booking
 

@@ -199,7 +199,7 @@ class Router:
         prompt = len(request.token_ids)
         prefill = max(0, prompt - overlap * self.block_size)
         blocks = math.ceil(prompt / self.block_size)
-        self.load.add(booking, key, prefill, blocks)
+        self.load.add(booking, key, prefill, blocks, hashes)
         if self.replicas is not None:
             self.replicas.added(booking, key, prefill, blocks)
         if self.ranks > 1:
@@ -320,6 +320,7 @@ class Router:
                     cached_blocks=tree_size(key),
                     inflight_prefill_tokens=load.prefill_tokens,
                     active_blocks=load.active_blocks,
+                    active_overlap=load.active_depth(hashes),
                 )
             )
         choice = choose(

@@ -53,14 +53,22 @@ def test_cost_formula_matches_dynamos_worked_example():
     assert choose(cands, 0, BS, 1.0, 0.0, random.Random(0)).key == (2, 0)
 
 
-def test_uncached_prompt_counts_as_prefill():
+def test_uncached_prompt_counts_as_prefill_and_unheld_blocks_as_decode():
     c = Candidate(
         (1, 0), overlap_blocks=2, cached_blocks=0, inflight_prefill_tokens=0, active_blocks=3
     )
-    # 10 tokens, 2 blocks (8 tokens) cached: 2 tokens = 0.5 block of prefill.
-    assert cost(c, 10, BS, 2.0) == pytest.approx(2.0 * 0.5 + 3)
-    # A weight of 0 ignores the cache entirely.
-    assert cost(c, 10, BS, 0.0) == 3
+    # 10 tokens = 3 blocks, 2 cached: 2 tokens (0.5 block) to prefill; no active request
+    # holds any of the 3 blocks, so all 3 become active.
+    assert cost(c, 10, BS, 2.0) == pytest.approx(2.0 * 0.5 + 3 + 3)
+    # A running request already holds the first 2: only 1 more becomes active.
+    shared = c._replace(active_overlap=2)
+    assert cost(shared, 10, BS, 2.0) == pytest.approx(2.0 * 0.5 + 3 + 1)
+    # A weight of 0 leaves the decode side only.
+    assert cost(shared, 10, BS, 0.0) == 3 + 1
+    # choose() computes the same costs.
+    other = Candidate((2, 0), 0, 0, 4, 0)
+    choice = choose([shared, other], 10, BS, 2.0, 0.0, random.Random(0))
+    assert choice.costs == {c.key: cost(shared, 10, BS, 2.0), other.key: cost(other, 10, BS, 2.0)}
 
 
 def test_load_outweighs_affinity():

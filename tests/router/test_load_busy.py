@@ -40,6 +40,19 @@ def test_load_report_corrects_the_estimate():
     assert load.active_blocks == 35
 
 
+def test_shared_prefix_blocks_count_once():
+    tracker = LoadTracker()
+    tracker.add("r1", K, 0, 4, hashes=[1, 2, 3])  # 3 full blocks + a partial one
+    tracker.add("r2", K, 0, 3, hashes=[1, 2, 7])  # shares blocks 1 and 2
+    load = tracker.load(K)
+    assert load.active_blocks == 4 + 1
+    assert load.active_depth([1, 2, 3, 9]) == 3 and load.active_depth([5]) == 0
+    tracker.finish("r1")
+    assert load.active_blocks == 3 and load.active_depth([1, 2, 3]) == 2
+    tracker.finish("r2")
+    assert load.active_blocks == 0 and load.active == {}
+
+
 def test_remove_worker_forgets_its_bookings():
     tracker = LoadTracker()
     tracker.add("r1", K, 10, 1)
