@@ -35,6 +35,7 @@ class LoadSyncEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     dp_rank: int = 0
     prefill_tokens: int = 0
     blocks: int = 0
+    hashes: list[int] = msgspec.field(default_factory=list)
 
 
 class ReplicaSync:
@@ -74,7 +75,7 @@ class ReplicaSync:
         rid = f"{event.router_id:x}/{event.request_id}"
         if event.kind == "add":
             key = (event.worker_id, event.dp_rank)
-            self.tracker.add(rid, key, event.prefill_tokens, event.blocks)
+            self.tracker.add(rid, key, event.prefill_tokens, event.blocks, event.hashes)
         elif event.kind == "prefill_done":
             self.tracker.prefill_done(rid)
         else:
@@ -87,7 +88,14 @@ class ReplicaSync:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    def added(self, request_id: str, key: WorkerKey, prefill_tokens: int, blocks: int) -> None:
+    def added(
+        self,
+        request_id: str,
+        key: WorkerKey,
+        prefill_tokens: int,
+        blocks: int,
+        hashes: list[int] | None = None,
+    ) -> None:
         self._publish(
             LoadSyncEvent(
                 router_id=self.router_id,
@@ -98,6 +106,7 @@ class ReplicaSync:
                 dp_rank=key[1],
                 prefill_tokens=prefill_tokens,
                 blocks=blocks,
+                hashes=hashes or [],
             )
         )
 

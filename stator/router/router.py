@@ -201,7 +201,7 @@ class Router:
         blocks = math.ceil(prompt / self.block_size)
         self.load.add(booking, key, prefill, blocks, hashes)
         if self.replicas is not None:
-            self.replicas.added(booking, key, prefill, blocks)
+            self.replicas.added(booking, key, prefill, blocks, hashes)
         if self.ranks > 1:
             routing = request.routing or RoutingHints()
             request = msgspec.structs.replace(
