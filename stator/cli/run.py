@@ -37,10 +37,11 @@ class RunConfig:
     namespace: str = option("stator", "Namespace of the in-process fleet")
 
 
-# Fields the run command sets itself: the HTTP address (its --host/--port), and the
-# workers' own status servers, which an embedded fleet does not need.
+# Fields the run command sets itself: the HTTP address (its --host/--port), the workers'
+# endpoint and status servers (an embedded fleet needs neither), and the migration limit
+# (the router's flag).
 FRONTEND_SKIPPED = frozenset({"http_host", "http_port"})
-WORKER_SKIPPED = frozenset({"system_port", "endpoint"})
+WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit"})
 
 
 def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
@@ -113,11 +114,15 @@ def run(args: argparse.Namespace) -> int:
         log.error("--workers must be at least 1, got %d", run_config.workers)
         return 2
     engine_config = from_args(spec.config_class, parsed) if spec.config_class else None
-    worker_config = from_args(WorkerConfig, parsed)
+    router_config = from_args(RouterConfig, parsed)
+    # One --migration-limit (the router's) serves both: the workers publish it in their
+    # cards, the router applies it.
+    worker_config = from_args(
+        WorkerConfig, parsed, migration_limit=router_config.migration_limit or 0
+    )
     frontend_config = from_args(
         FrontendConfig, parsed, http_host=run_config.host, http_port=run_config.port
     )
-    router_config = from_args(RouterConfig, parsed)
     try:
         model_dir = worker_model_dir(worker_config, from_args(DownloadConfig, parsed))
     except ModelNotFound as exc:
