@@ -106,6 +106,24 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning models: send `reasoning_content` / `reasoning` (false drops them), and
+    # GPT-OSS's effort (its Harmony system message).
+    include_reasoning: bool = True
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        if isinstance(value, dict):
+            function = value.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if value.get("type") == "function" and isinstance(name, str) and name:
+                return value
+        raise ValueError(
+            "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
 
     @property
     def completion_limit(self) -> int | None:
