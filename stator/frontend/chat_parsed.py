@@ -81,6 +81,17 @@ def tool_call_delta_json(call: ToolCallDelta) -> dict[str, Any]:
     }
 
 
+def tool_call_deltas_json(calls: list[ToolCallDelta]) -> list[dict[str, Any]]:
+    """A chunk's calls, a call's consecutive pieces merged into one entry."""
+    out: list[dict[str, Any]] = []
+    for call in calls:
+        if out and call.name is None and out[-1]["index"] == call.index:
+            out[-1]["function"]["arguments"] += call.arguments_fragment
+        else:
+            out.append(tool_call_delta_json(call))
+    return out
+
+
 def finish_reason(engine_reason: str | None, has_calls: bool) -> str:
     reason = engine_reason or "stop"
     return "tool_calls" if has_calls and reason == "stop" else reason
@@ -204,7 +215,7 @@ async def parsed_chat_chunks(
                 out.content = parsed.content
             if parsed.calls:
                 calls[index] += parsed.calls
-                out.tool_calls = [tool_call_delta_json(c) for c in parsed.calls]
+                out.tool_calls = tool_call_deltas_json(parsed.calls)
             logprobs = chat_logprobs(delta) if want_logprobs else None
             if delta.finish_reason is None:
                 if out != ChatDelta() or logprobs is not None:
