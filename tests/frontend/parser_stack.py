@@ -23,8 +23,8 @@ TOOLS_TEMPLATE = (
     "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n"
-    "{%- endif %}{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n"
+    "{% endif %}{% endif %}"
 )
 
 THINK = "test/think"  # deepseek_r1: reasoning, then the answer
