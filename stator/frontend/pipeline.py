@@ -294,8 +294,17 @@ class ModelPipeline:
                 raise errors.bad_request(exc.message, param=exc.param) from exc
             if self.parsing.harmony is not None and api == "chat":
                 # <|return|> ends the answer, <|call|> a tool call: both end generation.
-                extra = [t for t in self.parsing.stop_token_ids if t not in stop.stop_token_ids]
-                stop = msgspec.structs.replace(stop, stop_token_ids=[*stop.stop_token_ids, *extra])
+                # Visible, even where generation_config lists them as EOS: the parser
+                # needs them to close the last message.
+                harmony_stops = self.parsing.stop_token_ids
+                extra = [t for t in harmony_stops if t not in stop.stop_token_ids]
+                stop = msgspec.structs.replace(
+                    stop,
+                    stop_token_ids=[*stop.stop_token_ids, *extra],
+                    stop_token_ids_hidden=[
+                        t for t in stop.stop_token_ids_hidden if t not in harmony_stops
+                    ],
+                )
             # Each engine request is one choice; `n` is fanned out here.
             sampling = msgspec.structs.replace(sampling, n=1)
             for c in range(body.n):
