@@ -32,7 +32,7 @@ from stator.frontend.responses import (
     to_json,
     usage_info,
 )
-from stator.frontend.streaming import DONE, sse, sse_error
+from stator.frontend.streaming import DONE, TextChunkTemplate, sse, sse_error
 from stator.llm.postprocess import Delta
 from stator.parsers import ParsedDelta, ToolCall, ToolCallDelta
 from stator.parsers.calls import assemble_calls
@@ -204,13 +204,68 @@ async def parsed_chat_chunks(
         )
     want_logprobs = bool(body.logprobs)
     calls: list[list[ToolCallDelta]] = [[] for _ in streams]
+    # Chunks carrying only content, or only reasoning (nearly all of them), come from
+    # pre-split templates, as on the plain path.
+    content_chunks: dict[int, TextChunkTemplate] = {}
+    reasoning_chunks: dict[int, TextChunkTemplate] = {}
+
+    def content_template(index: int) -> TextChunkTemplate:
+        return TextChunkTemplate(
+            lambda text: ChatCompletionChunk(
+                response_id,
+                created,
+                model,
+                [ChatChunkChoice(index=index, delta=ChatDelta(content=text))],
+                usage=usage_field,
+            )
+        )
+
+    def reasoning_template(index: int) -> TextChunkTemplate:
+        return TextChunkTemplate(
+            lambda text: ChatCompletionChunk(
+                response_id,
+                created,
+                model,
+                [
+                    ChatChunkChoice(
+                        index=index, delta=ChatDelta(reasoning_content=text, reasoning=text)
+                    )
+                ],
+                usage=usage_field,
+            )
+        )
+
     try:
         async for index, delta in merged_deltas(streams):
             tracker.output()
             parsed = parse_delta(parsers[index], delta)
+            reasoning = parsed.reasoning if show_reasoning else ""
+            if delta.finish_reason is None and not want_logprobs and not parsed.calls:
+                if parsed.content and not reasoning:
+                    template = content_chunks.get(index)
+                    if template is None:
+                        template = content_chunks[index] = content_template(index)
+                    yield template.render(parsed.content)
+                elif reasoning and not parsed.content:
+                    template = reasoning_chunks.get(index)
+                    if template is None:
+                        template = reasoning_chunks[index] = reasoning_template(index)
+                    yield template.render(reasoning)
+                elif reasoning:
+                    yield chunk(
+                        ChatChunkChoice(
+                            index=index,
+                            delta=ChatDelta(
+                                content=parsed.content,
+                                reasoning_content=reasoning,
+                                reasoning=reasoning,
+                            ),
+                        )
+                    )
+                continue
             out = ChatDelta()
-            if parsed.reasoning and show_reasoning:
-                out.reasoning_content = out.reasoning = parsed.reasoning
+            if reasoning:
+                out.reasoning_content = out.reasoning = reasoning
             if parsed.content:
                 out.content = parsed.content
             if parsed.calls:
@@ -218,7 +273,7 @@ async def parsed_chat_chunks(
                 out.tool_calls = tool_call_deltas_json(parsed.calls)
             logprobs = chat_logprobs(delta) if want_logprobs else None
             if delta.finish_reason is None:
-                if out != ChatDelta() or logprobs is not None:
+                if reasoning or parsed.content or parsed.calls or logprobs is not None:
                     yield chunk(ChatChunkChoice(index=index, delta=out, logprobs=logprobs))
                 continue
             assembled = assemble_calls(calls[index])
