@@ -27,7 +27,8 @@ from stator.parsers.harmony import (
 )
 from stator.parsers.output import HARMONY_PARSERS
 from stator.parsers.reasoning import reasoning_parser_names
-from stator.parsers.tool_calls import tool_call_parser_names
+from stator.parsers.reasoning.think_tags import THINK_END, THINK_START
+from stator.parsers.tool_calls import get_tool_call_parser, tool_call_parser_names
 from stator.protocols import ModelCard
 
 
@@ -69,11 +70,30 @@ class HarmonyChoiceParser:
         return ParsedDelta(delta.reasoning, delta.content, calls)
 
 
+def parser_markers(reasoning_parser: str | None, tool_call_parser: str | None) -> set[str]:
+    """The marker strings the model's parsers look for (read off the parser classes)."""
+    markers: set[str] = set()
+    if reasoning_parser in ("deepseek_r1", "qwen3"):
+        markers |= {THINK_START, THINK_END}
+    if tool_call_parser is not None and tool_call_parser not in HARMONY_PARSERS:
+        parser = get_tool_call_parser(tool_call_parser, [])
+        for attr in ("start_markers", "all_markers", "marker_tokens"):
+            markers |= set(getattr(parser, attr, ()) or ())
+        end = getattr(parser, "end_marker", None)
+        if end:
+            markers.add(end)
+    return markers
+
+
 @dataclass
 class ModelParsing:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     harmony: HarmonyRenderer | None = None
+    # Some vocabularies make a marker a *special* token (Mistral's `[TOOL_CALLS]`, Llama's
+    # `<|python_tag|>`): decoding must then keep special tokens, or the parser never sees
+    # the marker. The parser removes the markers from content.
+    markers_are_special: bool = False
 
     @classmethod
     def from_card(cls, card: ModelCard, tokenizer: Any) -> ModelParsing:
@@ -94,7 +114,9 @@ class ModelParsing:
         harmony = None
         if reasoning in HARMONY_PARSERS or tools in HARMONY_PARSERS:
             harmony = HarmonyRenderer(tokenizer)  # HarmonyVocabularyError: loud, at load
-        return cls(reasoning, tools, harmony)
+        special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+        markers_are_special = bool(parser_markers(reasoning, tools) & special)
+        return cls(reasoning, tools, harmony, markers_are_special)
 
     @property
     def active(self) -> bool:
@@ -107,6 +129,15 @@ class ModelParsing:
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
         return self.harmony.token_ids.stop_token_ids if self.harmony is not None else ()
+
+    def skip_special_tokens(
+        self, requested: bool, tools: list[dict] | None, tool_choice: Any
+    ) -> bool:
+        """Whether to drop special tokens when decoding this request's output."""
+        if not requested or not self.markers_are_special:
+            return requested
+        parses = self.reasoning_parser is not None or (bool(tools) and tool_choice != "none")
+        return not parses
 
     def check_tool_choice(self, tools: list[dict] | None, tool_choice: Any) -> None:
         """A required or named tool choice needs a parser that can find calls (400)."""

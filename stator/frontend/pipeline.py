@@ -276,6 +276,11 @@ class ModelPipeline:
         """One `ChoiceStream` per (prompt, choice), indexed `prompt * n + choice`."""
         fields = body.model_dump(exclude_unset=True)
         api = "chat" if isinstance(body, ChatCompletionRequest) else "completions"
+        skip_special = (
+            self.parsing.skip_special_tokens(body.skip_special_tokens, body.tools, body.tool_choice)
+            if isinstance(body, ChatCompletionRequest)
+            else body.skip_special_tokens
+        )
         streams: list[ChoiceStream] = []
         for p, ids in enumerate(prompts):
             try:
@@ -324,7 +329,7 @@ class ModelPipeline:
                 processor = ChoiceProcessor(
                     self.tokenizer,
                     stop_strings,
-                    body.skip_special_tokens,
+                    skip_special,
                     ids,
                     hidden_stop_token_ids=self.eos_token_ids,
                 )

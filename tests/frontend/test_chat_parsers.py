@@ -279,3 +279,39 @@ def test_harmony_card_without_harmony_vocabulary_fails_loudly(parser_stack):
     )
     assert response.status_code == 500
     assert "Harmony special tokens" in response.json()["error"]["message"]
+
+
+def test_marker_that_is_a_special_token_reaches_the_parser(tmp_path):
+    """Mistral's `[TOOL_CALLS]` is a special token: decoding keeps special tokens for
+    requests that parse calls, so the call is found (and never shown as content)."""
+    from tokenizers import Tokenizer as RawTokenizer
+
+    from tests.frontend.harness import Stack
+    from tests.model_factory import make_model_dir
+
+    model_dir = make_model_dir(tmp_path / "mistral-like")
+    raw = RawTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    raw.add_special_tokens(["[TOOL_CALLS]"])
+    raw.save(str(model_dir / "tokenizer.json"))
+    tokenizer = Tokenizer.from_dir(model_dir)
+    eos = tokenizer.eos_token_ids[0]
+    text = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]'
+    script = [*tokenizer.encode(text), eos]
+    assert tokenizer.token_to_id("[TOOL_CALLS]") in script
+    stack = Stack(model_dir, store="frontend-tests-mistral").start()
+    try:
+        engine = ScriptedEngine("test/mistral", script=script, eos_token_id=eos)
+        stack.add_worker(
+            engine, "stator.mistral.generate", wait_model="test/mistral", tool_call_parser="mistral"
+        )
+        with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0) as c:
+            r = c.chat.completions.create(model="test/mistral", messages=USER, tools=[WEATHER_TOOL])
+            assert calls_of(r.choices[0].message) == [("get_weather", {"city": "Rome"})]
+            assert not r.choices[0].message.content
+            final, _ = streamed(c, model="test/mistral", messages=USER, tools=[WEATHER_TOOL])
+            assert calls_of(final.choices[0].message) == [("get_weather", {"city": "Rome"})]
+            # No tools: nothing is parsed and special tokens are skipped as asked.
+            r = c.chat.completions.create(model="test/mistral", messages=USER)
+            assert r.choices[0].message.content == text.removeprefix("[TOOL_CALLS]")
+    finally:
+        stack.stop()
