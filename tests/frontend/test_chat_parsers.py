@@ -315,3 +315,15 @@ def test_marker_that_is_a_special_token_reaches_the_parser(tmp_path):
             assert r.choices[0].message.content == text.removeprefix("[TOOL_CALLS]")
     finally:
         stack.stop()
+
+
+def test_streamed_with_logprobs_requested_keeps_the_split(client):
+    # logprobs=True sends every delta through the general chunk path.
+    final, chunks = streamed(client, model=TOOLS, messages=USER, tools=TOOLS_LIST, logprobs=True)
+    plain = client.chat.completions.create(model=TOOLS, messages=USER, tools=TOOLS_LIST)
+    assert calls_of(final.choices[0].message) == calls_of(plain.choices[0].message)
+    assert final.choices[0].message.content == plain.choices[0].message.content
+    reasoning = "".join(
+        (c.choices[0].delta.model_extra or {}).get("reasoning", "") for c in chunks if c.choices
+    )
+    assert reasoning == "Weather and time are needed."

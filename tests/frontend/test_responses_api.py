@@ -198,3 +198,11 @@ def test_bad_requests_are_400s_naming_the_parameter(client, kw, param):
 def test_unknown_model_is_a_404(client):
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="no/such-model", input="Hi")
+
+
+def test_route_is_in_the_openapi_document(parser_stack):
+    import httpx
+
+    document = httpx.get(parser_stack[0].base_url + "/openapi.json", timeout=30).json()
+    assert "/v1/responses" in document["paths"]
+    assert "ResponsesRequest" in document["components"]["schemas"]
