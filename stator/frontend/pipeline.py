@@ -200,12 +200,7 @@ class ModelPipeline:
                 f"Model `{self.name}` has no chat template; use /v1/completions.",
                 param="messages",
             )
-        messages = []
-        for i, message in enumerate(body.messages):
-            try:
-                messages.append(message.as_template_dict())
-            except ValueError as exc:
-                raise errors.bad_request(str(exc), param=f"messages[{i}].content") from exc
+        messages = self._template_messages(body)
         started = time.perf_counter()
         try:
             text = self.template.render(
@@ -224,16 +219,21 @@ class ModelPipeline:
         self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - rendered)
         return ids
 
-    def _harmony_prompt(self, body: ChatCompletionRequest) -> list[int]:
-        """GPT-OSS: the conversation rendered as Harmony tokens (its chat template is not
-        used: the renderer is exact and knows reasoning effort and tools)."""
-        started = time.perf_counter()
+    @staticmethod
+    def _template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
         messages = []
         for i, message in enumerate(body.messages):
             try:
                 messages.append(message.as_template_dict())
             except ValueError as exc:
                 raise errors.bad_request(str(exc), param=f"messages[{i}].content") from exc
+        return messages
+
+    def _harmony_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        """GPT-OSS: the conversation rendered as Harmony tokens (its chat template is not
+        used: the renderer is exact and knows reasoning effort and tools)."""
+        started = time.perf_counter()
+        messages = self._template_messages(body)
         ids = self.parsing.harmony_prompt(messages, body.tools, body.reasoning_effort)
         self.metrics.stage_timers["template"].observe(time.perf_counter() - started)
         return ids
