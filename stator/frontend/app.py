@@ -21,10 +21,16 @@ from stator.frontend.completions import create_completion
 from stator.frontend.config import FrontendConfig
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.model_manager import ModelManager
-from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from stator.frontend.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+)
 from stator.frontend.pipeline import ModelPipeline
 from stator.frontend.request_context import RequestContextMiddleware
 from stator.frontend.responses import ModelList, ModelObject, to_json
+from stator.frontend.responses_api import create_response
+from stator.llm.responses import InMemoryResponseStore
 from stator.logs import request_id_var
 
 log = logging.getLogger(__name__)
@@ -88,6 +94,7 @@ def create_app(
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.state.manager = manager
     app.state.metrics = metrics
+    app.state.response_store = InMemoryResponseStore(config.responses_store_size)
 
     async def resolve(model: str) -> ModelPipeline:
         if model not in manager.models and config.model_wait_timeout > 0:
@@ -127,6 +134,14 @@ def create_app(
         pipeline = await resolve(body.model)
         return await create_completion(body, pipeline, request_id_var.get(), request.receive)
 
+    @app.post("/v1/responses", openapi_extra=_request_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        body = await _parse(request, ResponsesRequest)
+        pipeline = await resolve(body.model)
+        return await create_response(
+            body, pipeline, app.state.response_store, request_id_var.get(), request.receive
+        )
+
     def model_object(name: str) -> ModelObject:
         entry = manager.models[name]
         return ModelObject(id=name, created=entry.created, max_model_len=entry.card.context_length)
@@ -160,5 +175,5 @@ def create_app(
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    _install_openapi(app, [ChatCompletionRequest, CompletionRequest])
+    _install_openapi(app, [ChatCompletionRequest, CompletionRequest, ResponsesRequest])
     return app
