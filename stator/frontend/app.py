@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from stator.frontend import errors
+from stator.frontend.busy_threshold import install_busy_threshold_routes
 from stator.frontend.chat import create_chat_completion
 from stator.frontend.completions import create_completion
 from stator.frontend.config import FrontendConfig
@@ -30,6 +31,7 @@ from stator.frontend.pipeline import ModelPipeline
 from stator.frontend.request_context import RequestContextMiddleware
 from stator.frontend.responses import ModelList, ModelObject, to_json
 from stator.frontend.responses_api import create_response
+from stator.frontend.routing_hints import set_target_worker
 from stator.llm.responses import InMemoryResponseStore
 from stator.logs import request_id_var
 
@@ -124,18 +126,21 @@ def create_app(
     # published in /openapi.json.
     @app.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
+        set_target_worker(request)
         body = await _parse(request, ChatCompletionRequest)
         pipeline = await resolve(body.model)
         return await create_chat_completion(body, pipeline, request_id_var.get(), request.receive)
 
     @app.post("/v1/completions", openapi_extra=_request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
+        set_target_worker(request)
         body = await _parse(request, CompletionRequest)
         pipeline = await resolve(body.model)
         return await create_completion(body, pipeline, request_id_var.get(), request.receive)
 
     @app.post("/v1/responses", openapi_extra=_request_body(ResponsesRequest))
     async def responses(request: Request) -> Response:
+        set_target_worker(request)
         body = await _parse(request, ResponsesRequest)
         pipeline = await resolve(body.model)
         return await create_response(
@@ -175,5 +180,6 @@ def create_app(
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    install_busy_threshold_routes(app, manager)
     _install_openapi(app, [ChatCompletionRequest, CompletionRequest, ResponsesRequest])
     return app

@@ -19,6 +19,7 @@ from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from stator.frontend.parsing import ModelParsing
+from stator.frontend.routing_hints import WORKER_HEADER, target_worker_var
 from stator.llm import (
     ChoiceProcessor,
     Delta,
@@ -27,8 +28,8 @@ from stator.llm import (
     TemplateRenderError,
     build_sampling,
 )
-from stator.protocols import EngineOutput, EngineRequest, ModelCard
-from stator.router import Overloaded, Router, RouterConfig
+from stator.protocols import EngineOutput, EngineRequest, ModelCard, RoutingHints
+from stator.router import BadRouting, Overloaded, Router, RouterConfig
 from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
 from stator.runtime.names import EndpointName
 
@@ -82,6 +83,8 @@ class ChoiceStream:
             raise errors.no_workers(self.request.model) from exc
         except Overloaded as exc:
             raise errors.overloaded(str(exc), exc.retry_after) from exc
+        except BadRouting as exc:
+            raise errors.bad_request(str(exc), param=WORKER_HEADER) from exc
         except Migratable as exc:
             raise errors.no_workers(self.request.model) from exc
         except EngineFailed as exc:
@@ -181,7 +184,7 @@ class ModelPipeline:
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
         client = await runtime.client(endpoint, EngineOutput)
-        router = Router(runtime, client, card, router_config)
+        router = Router(runtime, client, card, router_config, registry=metrics.registry)
         await router.start()
         return cls(card, files, client, router, metrics)
 
@@ -281,6 +284,8 @@ class ModelPipeline:
             if isinstance(body, ChatCompletionRequest)
             else body.skip_special_tokens
         )
+        target = target_worker_var.get()
+        routing = RoutingHints(target_worker_id=target) if target is not None else None
         streams: list[ChoiceStream] = []
         for p, ids in enumerate(prompts):
             try:
@@ -325,6 +330,7 @@ class ModelPipeline:
                     token_ids=ids,
                     sampling=choice_sampling,
                     stop=stop,
+                    routing=routing,
                 )
                 processor = ChoiceProcessor(
                     self.tokenizer,
