@@ -88,27 +88,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stator.cli.worker import load_engine_spec, worker_model_dir
+    from stator.cli.worker import second_phase, worker_model_dir
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig, ModelNotFound
 
-    try:
-        spec = load_engine_spec(args.engine)
-    except ValueError as exc:
-        if args.help:
-            full_parser(None).print_help()
-            log.warning("no engine flags shown: %s", exc)
-            return 0
-        log.error("%s", exc)
-        return 2
-    parser = full_parser(spec)
-    if args.help:
-        parser.print_help()
-        return 0
-    unknown = list(getattr(args, "unknown_args", []) or [])
-    parsed = parser.parse_args(unknown, namespace=argparse.Namespace(**vars(args)))
+    phase = second_phase(args, full_parser)
+    if isinstance(phase, int):
+        return phase
+    spec, parsed = phase
     run_config = from_args(RunConfig, parsed)
     if run_config.workers < 1:
         log.error("--workers must be at least 1, got %d", run_config.workers)
