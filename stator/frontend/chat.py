@@ -18,6 +18,7 @@ from stator.frontend.pipeline import (
     ChoiceStream,
     EngineFailed,
     ModelPipeline,
+    chat_usage,
     merged_deltas,
     prime_all,
 )
@@ -133,11 +134,7 @@ async def chat_result(
         created=created,
         model=pipeline.name,
         choices=choices,
-        usage=usage_info(
-            len(streams[0].request.token_ids),
-            sum(s.completion_tokens for s in streams),
-            streams[0].cached_tokens,
-        ),
+        usage=usage_info(*chat_usage(streams)),
     )
 
 
@@ -199,10 +196,6 @@ async def chat_chunks(
         yield DONE
         return
     if body.include_usage:
-        usage = usage_info(
-            len(streams[0].request.token_ids),
-            sum(s.completion_tokens for s in streams),
-            streams[0].cached_tokens,
-        )
+        usage = usage_info(*chat_usage(streams))
         yield sse(to_json(ChatCompletionChunk(response_id, created, model, [], usage=usage)))
     yield DONE

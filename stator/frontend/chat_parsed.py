@@ -19,7 +19,13 @@ from stator.frontend import errors
 from stator.frontend.metrics import GenerationTracker
 from stator.frontend.openai_models import ChatCompletionRequest
 from stator.frontend.parsing import ChoiceParser
-from stator.frontend.pipeline import ChoiceStream, EngineFailed, ModelPipeline, merged_deltas
+from stator.frontend.pipeline import (
+    ChoiceStream,
+    EngineFailed,
+    ModelPipeline,
+    chat_usage,
+    merged_deltas,
+)
 from stator.frontend.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -172,11 +178,7 @@ async def parsed_chat_result(
         created=created,
         model=pipeline.name,
         choices=choices,
-        usage=usage_info(
-            len(streams[0].request.token_ids),
-            sum(s.completion_tokens for s in streams),
-            streams[0].cached_tokens,
-        ),
+        usage=usage_info(*chat_usage(streams)),
     )
 
 
@@ -297,10 +299,6 @@ async def parsed_chat_chunks(
         yield DONE
         return
     if body.include_usage:
-        usage = usage_info(
-            len(streams[0].request.token_ids),
-            sum(s.completion_tokens for s in streams),
-            streams[0].cached_tokens,
-        )
+        usage = usage_info(*chat_usage(streams))
         yield sse(to_json(ChatCompletionChunk(response_id, created, model, [], usage=usage)))
     yield DONE
