@@ -69,7 +69,8 @@ def run_aiperf(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
         subprocess.run(cmd, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
     data = json.loads(next(out.rglob("profile_export_aiperf.json")).read_text())
     row = {f"{m}.{s}": data[m][s] for m, s, _ in FIELDS}
-    row["errors"] = (data.get("error_request_count") or {}).get("avg", 0)
+    error_rate = (data.get("request_error_rate") or {}).get("avg", 0.0)  # percent
+    row["errors"] = round(error_rate * data["request_count"]["avg"] / 100)
     return row
 
 
