@@ -54,7 +54,11 @@ def bench_cpu(url: str, model_dir: Path, requests: int, concurrency: int, seed: 
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"stator bench failed: {' '.join(cmd)}")
         summary = json.loads((Path(out) / "summary.json").read_text())
-    return {"cpu_s": usage.ru_utime + usage.ru_stime, "summary": summary["points"][0]}
+    return {
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "sys_s": usage.ru_stime,
+        "summary": summary["points"][0],
+    }
 
 
 def main() -> None:
@@ -77,15 +81,16 @@ def main() -> None:
         )  # fmt: skip
         try:
             wait_ready(url, server)
-            print("| concurrency | bench CPU ms/request | run N: CPU s, req/s | run 2N: CPU s, "
+            print("| concurrency | bench CPU ms/request (of which kernel) | run N: CPU s, req/s | run 2N: CPU s, "
                   "req/s | TTFT p50 ms (2N) |")  # fmt: skip
             print("|---|---|---|---|---|")
             for c in args.concurrency:
                 small = bench_cpu(url, model_dir, args.requests, c, seed=c)
                 large = bench_cpu(url, model_dir, 2 * args.requests, c, seed=1000 + c)
                 per_request = (large["cpu_s"] - small["cpu_s"]) / args.requests
+                kernel = (large["sys_s"] - small["sys_s"]) / args.requests
                 s, big = small["summary"], large["summary"]
-                print(f"| {c} | {1000 * per_request:.3f} | {small['cpu_s']:.2f}, "
+                print(f"| {c} | {1000 * per_request:.3f} ({1000 * kernel:.3f}) | {small['cpu_s']:.2f}, "
                       f"{s['request_throughput']['avg']:.1f} | {large['cpu_s']:.2f}, "
                       f"{big['request_throughput']['avg']:.1f} | {big['time_to_first_token']['p50']:.2f} |")  # fmt: skip
         finally:

@@ -5,7 +5,9 @@ whole comparison; the two clients take turns (stator, aiperf, stator, aiperf by 
 each sending 512-in/64-out streaming chat at a fixed concurrency with prompts built from the
 same tokenizer, output lengths forced (ignore_eos, min_tokens) and token counts taken from the
 server's usage. aiperf runs from its own venv (`--aiperf`), with HF_HUB_OFFLINE unset (its
-0.13.0 bug with local tokenizer dirs, see dynamo-live.md section 5).
+0.13.0 bug with local tokenizer dirs, see dynamo-live.md section 5). The last two columns
+are the server's own view of each run window: mean TTFT and ITL from the frontend's
+/metrics histograms (sum/count deltas; the run's warm-up requests included).
 
     python benchmarks/bench_vs_aiperf.py --aiperf /work/aiperf-venv/bin/aiperf
 """
@@ -18,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from bench_client_cost import wait_ready
@@ -35,6 +38,35 @@ FIELDS = (
     ("input_sequence_length", "avg", "ISL (server)"),
     ("output_sequence_length", "avg", "OSL (server)"),
 )
+
+
+SERVER_SIDE = {
+    "server TTFT avg ms": "stator_frontend_time_to_first_token_seconds",
+    "server ITL avg ms": "stator_frontend_inter_token_latency_seconds",
+}
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sums and counts of the frontend's TTFT and ITL histograms (its own clock)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.split("{", 1)[0]
+        if base.removesuffix("_sum").removesuffix("_count") in SERVER_SIDE.values():
+            out[base] = out.get(base, 0.0) + float(value)
+    return out
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean TTFT and ITL the server measured over one client run (warm-up included)."""
+    row = {}
+    for label, metric in SERVER_SIDE.items():
+        total = after[f"{metric}_sum"] - before.get(f"{metric}_sum", 0.0)
+        count = after[f"{metric}_count"] - before.get(f"{metric}_count", 0.0)
+        row[label] = 1000 * total / count if count else float("nan")
+    return row
 
 
 def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
@@ -103,13 +135,17 @@ def main() -> None:
             out = work / f"{k + 1}-{client}"
             out.mkdir()
             run = run_stator if client == "stator" else run_aiperf
-            rows.append((f"{client} #{k + 1}", run(args, url, model_dir, out, seed=100 + k)))
+            before = scrape(url)
+            row = run(args, url, model_dir, out, seed=100 + k)
+            row.update(server_side(before, scrape(url)))
+            rows.append((f"{client} #{k + 1}", row))
     finally:
         server.terminate()
         server.wait(30)
     print(f"(artifacts in {work})", file=sys.stderr)
-    print("| client (run order) | " + " | ".join(label for *_, label in FIELDS) + " | errors |")
-    print("|---" * (len(FIELDS) + 2) + "|")
+    labels = [label for *_, label in FIELDS] + ["errors", *SERVER_SIDE]
+    print("| client (run order) | " + " | ".join(labels) + " |")
+    print("|---" * (len(labels) + 1) + "|")
     for name, row in rows:
         print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
 
