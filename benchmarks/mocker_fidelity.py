@@ -7,7 +7,7 @@ the same prompts (ignore_eos, min_tokens = max_tokens = 64):
 - stator "procs": `stator frontend` + one `stator worker --engine mocker` process (file
   discovery, TCP request plane, ZMQ events), Dynamo's topology;
 - stator "run": `stator run --engine mocker`, frontend and mocker in one process;
-- stator in-process: the same mocker and client logic through the Engine API, no HTTP.
+- stator "inproc": the same mocker and client logic through the Engine API, no HTTP.
 
     python benchmarks/mocker_fidelity.py --dynamo-python /work/dynamo-venv/bin/python \\
         --systems procs,dynamo,run,procs,dynamo
