@@ -8,6 +8,17 @@ driven directly for the same requests) so it can be subtracted. The load generat
 script's main process (aiohttp), whose CPU is not counted.
 
     python benchmarks/frontend_overhead.py --requests 400 --concurrency 8 64
+
+`--processes` measures Dynamo's topology instead, against Dynamo 1.6.1 side by side: a
+frontend process plus one mocker worker process at speedup 100 (stator: `stator frontend`
++ `stator worker --engine mocker`, file discovery, TCP request plane, ZMQ events; Dynamo:
+its frontend + mocker + a loopback ZMQ broker), driven by `stator bench run` (one per
+concurrency). It reports the frontend PID's CPU per request, and added TTFT: client TTFT p50 minus
+the engine's own TTFT p50 (stator's mocker driven in-process through the Engine API with the
+same prompts and concurrency; Dynamo's mocker uses the same timing polynomials).
+
+    python benchmarks/frontend_overhead.py --processes --requests 400 --concurrency 8 64 \\
+        --systems procs,dynamo,procs,dynamo
 """
 
 from __future__ import annotations
@@ -229,7 +240,17 @@ def main() -> None:
         "parsed path; default: no parser",
     )
     parser.add_argument("--serve", metavar="MODEL_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--processes", action="store_true", help="Dynamo's topology, vs Dynamo")
+    parser.add_argument("--systems", default="procs,dynamo,procs,dynamo")
+    parser.add_argument("--speedup-ratio", type=float, default=100.0)
+    parser.add_argument("--dynamo-python", default="/work/dynamo-venv/bin/python")
     args = parser.parse_args()
+
+    if args.processes:
+        from frontend_processes import compare_processes
+
+        compare_processes(args)
+        return
 
     if args.serve:
         try:

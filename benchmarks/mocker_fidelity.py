@@ -4,11 +4,13 @@ Both are driven over HTTP on 127.0.0.1 by the same closed-loop streaming chat cl
 the same prompts (ignore_eos, min_tokens = max_tokens = 64):
 - Dynamo 1.6.1: its frontend + mocker (+ a loopback ZMQ broker), installed in a venv outside
   the repo (see /work/shared/reference/dynamo-live.md);
-- stator: the mocker behind `mocker_http_shim.py` (template, tokenizer, SSE), one process,
-  until `stator run --engine mocker` exists;
-- stator in-process: the same mocker and client logic through the Engine API, no HTTP.
+- stator "procs": `stator frontend` + one `stator worker --engine mocker` process (file
+  discovery, TCP request plane, ZMQ events), Dynamo's topology;
+- stator "run": `stator run --engine mocker`, frontend and mocker in one process;
+- stator "inproc": the same mocker and client logic through the Engine API, no HTTP.
 
-    python benchmarks/mocker_fidelity.py --dynamo-python /work/dynamo-venv/bin/python
+    python benchmarks/mocker_fidelity.py --dynamo-python /work/dynamo-venv/bin/python \\
+        --systems procs,dynamo,run,procs,dynamo
 
 Prints a table row per (workload, system): TTFT and ITL medians, prefix-cache hits and the
 servers' CPU time per request."""
@@ -34,11 +36,12 @@ import aiohttp
 import jinja2
 from tokenizers import Tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from stator.engines.mocker import MockerConfig, create_engine
-from stator.protocols import EngineRequest, StopConditions
-from tests.model_factory import make_model_dir
+from stator.engines.mocker import MockerConfig, create_engine  # noqa: E402
+from stator.protocols import EngineRequest, StopConditions  # noqa: E402
+from tests.model_factory import make_model_dir  # noqa: E402
 
 OSL = 64
 
@@ -258,16 +261,44 @@ def dynamo_server(args, model_dir: Path, run_dir: Path) -> Server:
     return server
 
 
-def stator_server(args, model_dir: Path, run_dir: Path) -> Server:
-    """stator's mocker behind the benchmark's HTTP shim, in one process."""
+def mocker_flags(args) -> list[str]:
+    """stator mocker flags equal to the ones `dynamo_server` gives Dynamo's mocker."""
+    return ["--num-gpu-blocks", str(args.num_gpu_blocks), "--block-size", str(args.block_size),
+            "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+            "--speedup-ratio", str(args.speedup_ratio)]  # fmt: skip
+
+
+def stator_env() -> dict[str, str]:
+    """Environment for `python -m stator` from this checkout (not an installed copy)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
+    """stator in Dynamo's topology: `stator frontend` and one `stator worker --engine mocker`
+    process, file discovery, TCP request plane, ZMQ events, all on loopback."""
     server = Server(run_dir, free_port())
-    shim = Path(__file__).resolve().parent / "mocker_http_shim.py"
-    server.start("mocker+shim", [sys.executable, str(shim),
-                                 "--port", server.url.rsplit(":", 1)[1],
-                                 "--model-dir", str(model_dir),
-                                 "--num-gpu-blocks", str(args.num_gpu_blocks),
-                                 "--block-size", str(args.block_size),
-                                 "--speedup-ratio", str(args.speedup_ratio)], dict(os.environ))  # fmt: skip
+    discovery = f"file:{run_dir / 'discovery'}"
+    env = stator_env()
+    stator = [sys.executable, "-m", "stator", "--log-level", "WARNING"]
+    server.start("mocker", [*stator, "worker", "--engine", "mocker", "--model", str(model_dir),
+                            "--served-model-name", "tiny", "--discovery", discovery,
+                            "--host", "127.0.0.1", *mocker_flags(args)], env)  # fmt: skip
+    server.start("frontend", [*stator, "frontend", "--discovery", discovery,
+                              "--host", "127.0.0.1", "--http-host", "127.0.0.1",
+                              "--http-port", server.url.rsplit(":", 1)[1]], env)  # fmt: skip
+    return server
+
+
+def stator_run_server(args, model_dir: Path, run_dir: Path) -> Server:
+    """`stator run --engine mocker`: frontend, router and the mocker in one process."""
+    server = Server(run_dir, free_port())
+    server.start("stator run", [sys.executable, "-m", "stator", "--log-level", "WARNING",
+                                "run", "--engine", "mocker",
+                                "--model", str(model_dir), "--served-model-name", "tiny",
+                                "--host", "127.0.0.1", "--port", server.url.rsplit(":", 1)[1],
+                                *mocker_flags(args)], stator_env())  # fmt: skip
     return server
 
 
@@ -371,23 +402,30 @@ def main() -> None:
     parser.add_argument("--speedup-ratio", type=float, default=1.0)
     parser.add_argument("--num-gpu-blocks", type=int, default=16384)
     parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--only", choices=["stator", "dynamo"], default=None)
+    parser.add_argument(
+        "--systems",
+        default="procs,dynamo,run,procs,dynamo",
+        help="comma list, run in this order: procs (stator frontend + worker "
+        "processes), run (stator run), dynamo, inproc (Engine API, no HTTP)",
+    )
     args = parser.parse_args()
 
     model_dir = make_model_dir(Path(tempfile.mkdtemp(prefix="mocker-fidelity-")) / "tiny",
                                max_position_embeddings=32768)  # fmt: skip
     loads = workloads(Tokenizer.from_file(str(model_dir / "tokenizer.json")), args.requests)
-    runs, cpu = {}, {}
-    systems = {"stator": stator_server, "dynamo": dynamo_server}
-    for name, make_server in systems.items():
-        if args.only in (None, name):
-            runs[name], cpu[name] = asyncio.run(run_system(make_server, args, model_dir, loads))
-    if args.only in (None, "stator"):
-        name = "stator in-process"
-        runs[name], cpu[name] = asyncio.run(run_in_process(args, model_dir, loads))
+    servers = {"procs": stator_procs_server, "run": stator_run_server, "dynamo": dynamo_server}
+    labels = {"procs": "stator frontend+worker", "run": "stator run", "dynamo": "dynamo",
+              "inproc": "stator in-process"}  # fmt: skip
+    runs, cpu = {}, {}  # "label #k" -> workload name -> results / CPU per request
+    for k, key in enumerate(args.systems.split(",")):
+        label = f"{labels[key]} #{k + 1}"
+        if key == "inproc":
+            runs[label], cpu[label] = asyncio.run(run_in_process(args, model_dir, loads))
+        else:
+            runs[label], cpu[label] = asyncio.run(run_system(servers[key], args, model_dir, loads))
 
-    print("| workload | system | TTFT p50 ms | ITL p50 ms | prompt tokens | requests with "
-          "cache hits | cached tokens | server CPU ms/request |")  # fmt: skip
+    print("| workload | system (run order) | TTFT p50 ms | ITL p50 ms | prompt tokens | requests "
+          "with cache hits | cached tokens | server CPU ms/request |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for w in loads:
         for system, res in runs.items():
@@ -395,15 +433,18 @@ def main() -> None:
             cpu_text = ", ".join(f"{k} {v * 1000:.1f}" for k, v in cpu[system][w.name].items())
             print(f"| {w.name} | {system} | {s['ttft_ms']:.1f} | {s['itl_ms']:.2f} | {s['prompt']:.0f} "
                   f"| {s['hits']}/{s['n']} | {s['cached']} | {cpu_text} |")  # fmt: skip
-    if "dynamo" in runs:
+    dynamo_runs = [name for name in runs if name.startswith("dynamo")]
+    if dynamo_runs:
         print()
         for w in loads:
-            b = summarize(runs["dynamo"][w.name])
-            for system in (name for name in runs if name != "dynamo"):
+            ref = [summarize(runs[d][w.name]) for d in dynamo_runs]
+            ttft = statistics.mean(r["ttft_ms"] for r in ref)
+            itl = statistics.mean(r["itl_ms"] for r in ref)
+            for system in (name for name in runs if name not in dynamo_runs):
                 a = summarize(runs[system][w.name])
                 print(
-                    f"{w.name}, {system}: TTFT {100 * (a['ttft_ms'] / b['ttft_ms'] - 1):+.0f}%, "
-                    f"ITL {100 * (a['itl_ms'] / b['itl_ms'] - 1):+.0f}% vs Dynamo"
+                    f"{w.name}, {system}: TTFT {100 * (a['ttft_ms'] / ttft - 1):+.0f}%, "
+                    f"ITL {100 * (a['itl_ms'] / itl - 1):+.0f}% vs the mean of Dynamo's runs"
                 )
 
 

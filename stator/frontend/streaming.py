@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from stator.frontend.errors import ApiError
+from stator.frontend.ready_batches import ready_batches
 from stator.frontend.request_context import RAW_SEND_KEY
 
 log = logging.getLogger(__name__)
@@ -84,9 +85,12 @@ class SSEResponse(Response):
         # which nothing above inspects, go to the outermost send that takes them, saving
         # a few coroutine hops per token.
         body_send = scope.get(RAW_SEND_KEY, send)
+        # Events that are ready together (a burst of outputs) go out in one write.
+        batches = ready_batches(self.body_iterator)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
-            async for chunk in self.body_iterator:
+            async for batch in batches:
+                chunk = batch[0] if len(batch) == 1 else b"".join(batch)
                 await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             finished = True
@@ -103,7 +107,10 @@ class SSEResponse(Response):
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            # Closing the body closes the engine streams it holds (the worker aborts).
+            # Closing the body closes the engine streams it holds (the worker aborts);
+            # `batches` first, which cancels a read it may have left in flight.
+            with contextlib.suppress(Exception):
+                await batches.aclose()  # type: ignore[attr-defined]
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             if self.on_close is not None:

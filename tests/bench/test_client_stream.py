@@ -1,0 +1,70 @@
+"""The streaming reader of `stator bench`: SSE events however the bytes are cut."""
+
+import itertools
+import json
+
+import aiohttp
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from stator.bench.client import RequestRecord, send
+
+
+def sse_events(texts: list[str], usage: dict, newline: bytes = b"\n") -> bytes:
+    out = b""
+    for i, text in enumerate(texts):
+        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
+        event = {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        out += b"data: " + json.dumps(event).encode() + newline + newline
+    out += b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + newline + newline
+    return out + b"data: [DONE]" + newline + newline
+
+
+async def read_with_cuts(body: bytes, cuts: list[int]) -> RequestRecord:
+    """Serve `body` as an SSE response written in pieces cut at `cuts`, read it back."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        edges = [0, *cuts, len(body)]
+        for a, b in itertools.pairwise(edges):
+            await resp.write(body[a:b])
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
+        url = str(server.make_url("/v1/chat/completions"))
+        record = RequestRecord(index=0, start=0.0)
+        return await send(session, url, {"stream": True}, record, keep_text=True)
+
+
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
+
+
+async def test_events_cut_anywhere_are_all_read():
+    body = sse_events(["Hé", "llo", " wörld"], USAGE)
+    for cuts in ([], [1], [5, 6, 7], list(range(1, len(body), 3)), list(range(1, len(body)))):
+        record = await read_with_cuts(body, cuts)
+        assert record.ok, (cuts, record.error)
+        assert record.text == "Héllo wörld"
+        assert len(record.chunk_times) == 3
+        assert (record.input_tokens, record.output_tokens, record.cached_tokens) == (7, 3, 2)
+        assert record.ttft == record.chunk_times[0] <= record.ttst <= record.latency
+
+
+async def test_crlf_line_ends():
+    record = await read_with_cuts(sse_events(["a", "b"], USAGE, newline=b"\r\n"), [10])
+    assert record.ok and record.text == "ab" and len(record.chunk_times) == 2
+
+
+async def test_stream_without_done_is_an_error():
+    body = sse_events(["a"], USAGE).replace(b"data: [DONE]\n\n", b"")
+    record = await read_with_cuts(body, [4])
+    assert record.error == "stream ended before data: [DONE]"
+
+
+async def test_error_event_stops_the_read():
+    body = b'data: {"error": {"message": "boom"}}\n\ndata: [DONE]\n\n'
+    record = await read_with_cuts(body, [3])
+    assert record.error is not None and "boom" in record.error
