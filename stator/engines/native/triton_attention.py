@@ -1,0 +1,76 @@
+"""The CUDA attention backend: the Triton kernels behind the `AttentionBackend` interface.
+
+A step whose every sequence computes one token runs the split-K decode kernel; any other
+step (prefill, chunked prefill, mixed prefill + decode, prefix-cache hits) the extend
+kernel. Both read keys only from the paged cache, which `store` fills first.
+`num_splits` is fixed by the plan from the batch size alone when the step is captured in a
+CUDA graph (`ctx.max_seq_len` is then the model's context length), so graphs stay valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stator.engines.native.attention import AttentionBackend
+from stator.engines.native.context import StepContext, get_context
+from stator.engines.native.kernels.decode_attention import (
+    default_num_splits,
+    paged_decode_attention,
+)
+from stator.engines.native.kernels.extend_attention import paged_extend_attention
+from stator.engines.native.kernels.store_kv import store_kv
+
+
+@dataclass
+class _TritonPlan:
+    decode: bool
+    window: int
+    num_splits: int = 0  # decode only; resolved on the first layer (needs Hkv)
+
+
+class TritonAttention(AttentionBackend):
+    def plan(self, ctx: StepContext, sliding_window: int | None) -> None:
+        ctx.attn_metadata = _TritonPlan(decode=ctx.max_query_len == 1, window=sliding_window or 0)
+
+    def store(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
+        store_kv(k, v, k_cache, v_cache, get_context().slot_mapping)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        ctx = get_context()
+        plan: _TritonPlan = ctx.attn_metadata
+        if plan.decode:
+            if plan.num_splits == 0:
+                plan.num_splits = default_num_splits(q.shape[0], k_cache.shape[2], ctx.max_seq_len)
+            return paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                ctx.block_tables,
+                ctx.seq_lens,
+                scale,
+                num_splits=plan.num_splits,
+                window=plan.window,
+            )
+        return paged_extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            ctx.block_tables,
+            ctx.cu_query_lens,
+            ctx.seq_lens,
+            ctx.max_query_len,
+            scale,
+            window=plan.window,
+        )
