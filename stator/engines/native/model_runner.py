@@ -91,10 +91,10 @@ class ModelRunner:
         else:
             load_weights(self.model, model_dir)
         self.model.eval()
+        self.graphs: DecodeGraphs | None = None
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
         self._allocate_kv(self.num_blocks)
-        self.graphs: DecodeGraphs | None = None
         # The torch backend's plan reads the step's lengths on the host: no graphs for it.
         graphable = not isinstance(self.backend, TorchAttention)
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
