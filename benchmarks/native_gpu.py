@@ -137,7 +137,7 @@ def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
     res["ttft_1024_ms"] = 1e3 * statistics.median(ttfts[1:])
 
     # Decode step time by batch size.
-    steps = {}
+    steps, replay = {}, {}
     for bs in args.batch_sizes:
         for i in range(bs):
             core.add_request(request(f"s{bs}-{i}", random_ids(rng, 512), 48))
@@ -150,8 +150,21 @@ def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
         for _ in range(n):
             core.step()
         steps[bs] = 1e3 * (time.perf_counter() - start) / n
+        graphs = core.runner.graphs
+        if graphs is not None and bs in graphs.graphs:
+            # The same step's graph alone (inputs of the last step): GPU time without the
+            # engine's CPU work (scheduling, input building, sampling).
+            for _ in range(3):
+                graphs.graphs[bs].replay()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(n):
+                graphs.graphs[bs].replay()
+            torch.cuda.synchronize()
+            replay[bs] = 1e3 * (time.perf_counter() - start) / n
         drain(core)
     res["step_ms"] = steps
+    res["replay_ms"] = replay
 
     # Offline throughput.
     work = sharegpt_like(args.num_requests)

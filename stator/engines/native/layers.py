@@ -11,13 +11,25 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _fused_kernels(x: torch.Tensor) -> bool:
+    """The Triton element-wise kernels serve CUDA tensors; the CPU keeps PyTorch ops."""
+    return x.is_cuda
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalize x, or with `residual`: residual += x in place, then normalize it."""
+        if _fused_kernels(x) and x.dim() == 2:
+            from stator.engines.native.kernels.elementwise import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = residual.add_(x)
         if x.dtype == torch.float32:  # one fused kernel; same arithmetic in float32
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalize in float32 and scale in the input dtype, as the reference models do.
@@ -84,7 +96,12 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if _fused_kernels(gate_up):
+            from stator.engines.native.kernels.elementwise import silu_mul
+
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -129,6 +146,11 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if _fused_kernels(q) and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]:
+            from stator.engines.native.kernels.elementwise import rope_
+
+            rope_(q, k, self.cos, self.sin, positions)  # in place, one kernel for both
+            return q, k
         cached = self._cached
         if cached is not None and cached[0] is positions and cached[1] == q.dtype:
             cos, sin = cached[2], cached[3]

@@ -172,3 +172,52 @@ def test_triton_backend_matches_torch_backend_in_the_engine(llama):
         again = run_all(core, [greedy_request("x", prompt(2, 51), 20)])
         results.append(({k: tokens_of(v) for k, v in first.items()}, tokens_of(again["x"])))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_matches_torch(with_residual):
+    from stator.engines.native.kernels.elementwise import rms_norm
+
+    x = torch.randn(37, 4096 + 40, device=DEV).bfloat16()
+    w = (torch.rand(x.shape[1], device=DEV) + 0.5).bfloat16()
+    res = torch.randn_like(x) if with_residual else None
+    base = x if res is None else (res + x)
+    h = base.float()
+    ref = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16()
+    res_in = None if res is None else res.clone()
+    out = rms_norm(x, w, 1e-5, res_in)
+    assert _rel_err(out, ref.float()) < 1e-2
+    if res_in is not None:
+        assert torch.equal(res_in, base)
+
+
+def test_rope_in_place_matches_rotate_half():
+    from stator.engines.native.kernels.elementwise import rope_
+    from stator.engines.native.layers import RotaryEmbedding
+
+    rot = RotaryEmbedding(128, 4096, 500000.0, None).to(DEV)
+    qkv = torch.randn(29, (32 + 8 + 8) * 128, device=DEV).bfloat16()
+    q = qkv[:, : 32 * 128].view(29, 32, 128)
+    k = qkv[:, 32 * 128 : 40 * 128].view(29, 8, 128)
+    pos = torch.randint(0, 4096, (29,), device=DEV)
+
+    def ref(x):
+        cos, sin = rot.cos[pos][:, None], rot.sin[pos][:, None]
+        xf = x.float()
+        half = torch.cat([-xf[..., 64:], xf[..., :64]], -1)
+        return xf * cos + half * sin
+
+    q_ref, k_ref = ref(q), ref(k)
+    v_before = qkv[:, 40 * 128 :].clone()
+    rope_(q, k, rot.cos, rot.sin, pos)
+    assert _rel_err(q, q_ref) < 1e-2 and _rel_err(k, k_ref) < 1e-2
+    assert torch.equal(qkv[:, 40 * 128 :], v_before)  # v untouched
+
+
+def test_silu_mul_matches_torch():
+    from stator.engines.native.kernels.elementwise import silu_mul
+
+    x = torch.randn(13, 2 * 14336 + 6, device=DEV).bfloat16()
+    n = x.shape[1] // 2
+    ref = torch.nn.functional.silu(x[:, :n].float()) * x[:, n:].float()
+    assert _rel_err(silu_mul(x), ref) < 1e-2
