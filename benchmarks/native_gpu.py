@@ -283,10 +283,18 @@ def print_table(res: dict) -> None:
         f"\noffline: {off['requests']} requests, {off['input_tokens']} in / "
         f"{off['output_tokens']} out tokens, {off['seconds']:.1f} s"
     )
-    print("\n| batch | step ms | tok/s | floor ms (weights / copy BW) | step / floor |")
-    print("|---|---|---|---|---|")
+    print(
+        "\n| batch | step ms | tok/s | graph replay ms | floor ms (weights / copy BW) "
+        "| step / floor |"
+    )
+    print("|---|---|---|---|---|---|")
     for bs, ms in n["step_ms"].items():
-        print(f"| {bs} | {ms:.2f} | {bs * 1e3 / ms:.0f} | {floor_ms:.2f} | {ms / floor_ms:.2f} |")
+        rep = n["replay_ms"].get(bs)
+        rep_s = f"{rep:.2f}" if rep else "-"
+        print(
+            f"| {bs} | {ms:.2f} | {bs * 1e3 / ms:.0f} | {rep_s} | {floor_ms:.2f} "
+            f"| {ms / floor_ms:.2f} |"
+        )
 
 
 def main() -> None:

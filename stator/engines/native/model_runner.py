@@ -219,6 +219,7 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
             block_size=bs,
             uniform=len(set(num_new)) == 1 and len(set(seq_lens)) == 1,
+            num_leading_single=_leading_ones(num_new),
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
@@ -244,6 +245,13 @@ class ModelRunner:
         finally:
             set_context(None)
         return self.model.compute_logits(hidden[inputs.logits_rows]).float()
+
+
+def _leading_ones(values: list[int]) -> int:
+    for i, v in enumerate(values):
+        if v != 1:
+            return i
+    return len(values)
 
 
 @torch.no_grad()

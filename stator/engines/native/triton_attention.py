@@ -27,12 +27,20 @@ from stator.engines.native.kernels.store_kv import store_kv
 class _TritonPlan:
     decode: bool
     window: int
-    num_splits: int = 0  # decode only; resolved on the first layer (needs Hkv)
+    # Mixed steps: the leading one-token sequences, run by the decode kernel (the extend
+    # kernel would spend a 16-64-row query tile and a full key walk per q head on each).
+    num_decode: int
+    num_splits: int = 0  # resolved on the first layer (needs Hkv)
 
 
 class TritonAttention(AttentionBackend):
     def plan(self, ctx: StepContext, sliding_window: int | None) -> None:
-        ctx.attn_metadata = _TritonPlan(decode=ctx.max_query_len == 1, window=sliding_window or 0)
+        decode = ctx.max_query_len == 1
+        ctx.attn_metadata = _TritonPlan(
+            decode=decode,
+            window=sliding_window or 0,
+            num_decode=ctx.block_tables.shape[0] if decode else ctx.num_leading_single,
+        )
 
     def store(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -50,27 +58,35 @@ class TritonAttention(AttentionBackend):
     ) -> torch.Tensor:
         ctx = get_context()
         plan: _TritonPlan = ctx.attn_metadata
-        if plan.decode:
+        nd = plan.num_decode
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if nd > 0:
             if plan.num_splits == 0:
-                plan.num_splits = default_num_splits(q.shape[0], k_cache.shape[2], ctx.max_seq_len)
-            return paged_decode_attention(
-                q,
+                plan.num_splits = default_num_splits(nd, k_cache.shape[2], ctx.max_seq_len)
+            # Decode sequences come first, so their query rows are rows 0..nd-1.
+            paged_decode_attention(
+                q[:nd],
                 k_cache,
                 v_cache,
-                ctx.block_tables,
-                ctx.seq_lens,
+                ctx.block_tables[:nd],
+                ctx.seq_lens[:nd],
                 scale,
                 num_splits=plan.num_splits,
                 window=plan.window,
+                out=out[:nd],
             )
+        if plan.decode:
+            return out
+        # The rest: cu_query_lens holds absolute row offsets, so slices suffice.
         return paged_extend_attention(
             q,
             k_cache,
             v_cache,
-            ctx.block_tables,
-            ctx.cu_query_lens,
-            ctx.seq_lens,
+            ctx.block_tables[nd:],
+            ctx.cu_query_lens[nd:],
+            ctx.seq_lens[nd:],
             ctx.max_query_len,
             scale,
             window=plan.window,
+            out=out,
         )

@@ -1,7 +1,7 @@
 """Paged prefill/extend attention: each sequence computes `query_len` new tokens on top of a
 cached prefix; every key (prefix and new, already stored) is read from the paged cache.
 
-Grid (query tile, sequence, q head). A tile of BLOCK_M query rows at positions
+Grid (q head, query tile, sequence). A tile of BLOCK_M query rows at positions
 prefix + i attends causally (bottom-right aligned: query i sees keys <= prefix + i), walking
 key tiles of BLOCK_N tokens up to its last row's position, each token's page looked up in
 the block table; online softmax in float32 (base 2). Rows and tiles that see no key are
@@ -46,9 +46,9 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
+    h = tl.program_id(0)  # fastest: the q heads of a GQA group share K/V tiles in L2
+    tile = tl.program_id(1)
+    b = tl.program_id(2)
     q_start = tl.load(cu_query_lens_ptr + b).to(tl.int32)
     q_len = tl.load(cu_query_lens_ptr + b + 1).to(tl.int32) - q_start
     if tile * BLOCK_M >= q_len:
@@ -134,7 +134,7 @@ def paged_extend_attention(
     if tokens == 0 or batch == 0:
         return out
     block_m = 64 if max_query_len > 16 else 16
-    grid = (triton.cdiv(max_query_len, block_m), batch, num_heads)
+    grid = (num_heads, triton.cdiv(max_query_len, block_m), batch)
     _extend_kernel[grid](
         q,
         k_cache,
