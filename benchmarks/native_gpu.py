@@ -113,10 +113,16 @@ def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
+        tune_gemv=not args.no_gemv,
     )
     t0 = time.perf_counter()
     core = EngineCore(config, model_dir)
     res: dict = {"startup_s": time.perf_counter() - t0, "kv_blocks": core.blocks.num_blocks}
+    res["gemv"] = {
+        str(tuple(m.weight.shape)): str(m.gemv_config)
+        for m in core.runner.model.modules()
+        if hasattr(m, "gemv_config")
+    }
     weights = [p for n, p in core.runner.model.named_parameters() if "embed_tokens" not in n]
     res["streamed_weight_bytes"] = sum(p.numel() * p.element_size() for p in weights)
     rng = random.Random(1)
@@ -307,6 +313,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--no-gemv", action="store_true", help="cuBLAS for every matmul")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

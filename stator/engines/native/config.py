@@ -61,6 +61,9 @@ class NativeConfig:
         choices=["auto", "torch", "triton"],
     )
     enforce_eager: bool = option(False, "Never use CUDA graphs for decode steps")
+    tune_gemv: bool = option(
+        True, "On CUDA, measure at start-up whether a split-K GEMV beats cuBLAS at batch <= 8"
+    )
     max_graph_batch: int = option(
         0, "Largest decode batch run as a CUDA graph (0 = --max-num-seqs)"
     )

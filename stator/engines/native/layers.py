@@ -45,12 +45,24 @@ def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard: Any = None
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose parameters carry a `weight_loader` (how a checkpoint tensor lands)."""
+    """nn.Linear whose parameters carry a `weight_loader` (how a checkpoint tensor lands).
+    On CUDA a measured split-K GEMV config (`kernels/gemv.py`) may serve batches of at
+    most 8 rows; `gemv_config` stays None where cuBLAS is as fast."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
+        self.gemv_config: Any = None
         for p in self.parameters():
             p.weight_loader = self.load_shard  # type: ignore[attr-defined]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.gemv_config
+        if cfg is not None and x.dim() == 2 and x.shape[0] <= 8 and x.stride(1) == 1:
+            from stator.engines.native.kernels.gemv import gemv
+
+            y = gemv(x, self.weight, cfg)
+            return y if self.bias is None else y + self.bias
+        return super().forward(x)
 
     def shard_slices(self) -> dict[Any, slice]:
         return {}

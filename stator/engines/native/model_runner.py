@@ -15,6 +15,7 @@ from stator.engines.native.attention import AttentionBackend, TorchAttention
 from stator.engines.native.config import ModelSpec, NativeConfig, parse_bytes
 from stator.engines.native.context import StepContext, set_context
 from stator.engines.native.cuda_graphs import DecodeGraphs
+from stator.engines.native.layers import Linear
 from stator.engines.native.loader import load_weights
 from stator.engines.native.models import model_class
 from stator.engines.native.request import Sequence
@@ -93,6 +94,10 @@ class ModelRunner:
         else:
             load_weights(self.model, model_dir)
         self.model.eval()
+        # Half precision only: in float32 the kernel's dot would round through tf32.
+        half = self.dtype in (torch.bfloat16, torch.float16)
+        if self.device.type == "cuda" and config.tune_gemv and half:
+            self._choose_gemv()
         self.graphs: DecodeGraphs | None = None
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
@@ -111,6 +116,19 @@ class ModelRunner:
                 device=self.device,
             )
             self.graphs.capture()
+
+    def _choose_gemv(self) -> None:
+        """Measure, per weight shape, whether the split-K GEMV beats cuBLAS at one row."""
+        from stator.engines.native.kernels.gemv import choose
+
+        chosen: dict[tuple[int, int], object] = {}
+        for module in self.model.modules():
+            if isinstance(module, Linear) and module.weight.is_contiguous():
+                shape = tuple(module.weight.shape)
+                if shape not in chosen:
+                    chosen[shape] = choose(module.weight)
+                module.gemv_config = chosen[shape]
+        log.info("split-K GEMV for batch <= 8: %s", chosen)
 
     def _allocate_kv(self, num_blocks: int) -> None:
         shape = (num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)

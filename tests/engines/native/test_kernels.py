@@ -221,3 +221,27 @@ def test_silu_mul_matches_torch():
     n = x.shape[1] // 2
     ref = torch.nn.functional.silu(x[:, :n].float()) * x[:, n:].float()
     assert _rel_err(silu_mul(x), ref) < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_gemv_matches_linear(rows, split_k):
+    from stator.engines.native.kernels.gemv import GemvConfig, gemv
+
+    weight = torch.randn(1000 + 7, 4096 + 64, device=DEV).bfloat16() * 0.02
+    x = torch.randn(rows, weight.shape[1], device=DEV).bfloat16()
+    ref = torch.nn.functional.linear(x.float(), weight.float())
+    out = gemv(x, weight, GemvConfig(block_n=64, block_k=128, split_k=split_k))
+    assert out.shape == (rows, weight.shape[0])
+    assert _rel_err(out, ref) < 1e-2
+
+
+def test_gemv_choice_is_correct_or_none():
+    from stator.engines.native.kernels.gemv import choose, gemv
+
+    weight = torch.randn(6144, 4096, device=DEV).bfloat16() * 0.02
+    cfg = choose(weight)
+    if cfg is not None:
+        x = torch.randn(2, 4096, device=DEV).bfloat16()
+        ref = torch.nn.functional.linear(x.float(), weight.float())
+        assert _rel_err(gemv(x, weight, cfg), ref) < 1e-2
