@@ -105,6 +105,7 @@ def _time(fn, reps: int = 50) -> float:
     return start.elapsed_time(end) / reps
 
 
+@torch.no_grad()
 def choose(weight: torch.Tensor) -> GemvConfig | None:
     """The fastest correct config for one row against `weight`, or None where cuBLAS is
     at least as fast."""
