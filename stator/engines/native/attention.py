@@ -154,5 +154,5 @@ class TorchAttention(AttentionBackend):
             out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
         if max_q == 1:
             return out.reshape(batch, heads_kv * group, head_dim)
-        out = out.view(batch, heads_kv * group, max_q, head_dim).transpose(1, 2)
+        out = out.reshape(batch, heads_kv * group, max_q, head_dim).transpose(1, 2)
         return out.reshape(batch * max_q, heads_kv * group, head_dim)[plan.valid_rows]

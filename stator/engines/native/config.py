@@ -55,6 +55,24 @@ class NativeConfig:
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of earlier prompts")
     seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")
     cpu_threads: int = option(0, "torch intra-op threads on the CPU (0 = torch's default)")
+    attention_backend: str = option(
+        "auto",
+        "Paged attention kernels; auto = triton on CUDA, torch (gather + SDPA) elsewhere",
+        choices=["auto", "torch", "triton"],
+    )
+    enforce_eager: bool = option(False, "Never use CUDA graphs for decode steps")
+    tune_gemv: bool = option(
+        True, "On CUDA, measure at start-up whether a split-K GEMV beats cuBLAS at batch <= 8"
+    )
+    max_graph_batch: int = option(
+        0, "Largest decode batch run as a CUDA graph (0 = --max-num-seqs)"
+    )
+    load_format: str = option(
+        "auto",
+        "auto = the checkpoint's safetensors; dummy = random weights of the config's shape "
+        "(benchmarks without a checkpoint)",
+        choices=["auto", "dummy"],
+    )
 
 
 _DTYPE_NAMES = {"float32", "bfloat16", "float16"}

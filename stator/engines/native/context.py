@@ -27,6 +27,9 @@ class StepContext:
     block_size: int
     # Every sequence has the same query and KV length (lets attention skip its mask).
     uniform: bool = False
+    # How many sequences at the front of the batch compute exactly one token (the decodes
+    # the scheduler puts first): a mixed step runs them through the decode kernel.
+    num_leading_single: int = 0
     # Whatever the attention backend precomputes once per step (see AttentionBackend.plan).
     attn_metadata: Any = None
 

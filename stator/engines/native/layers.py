@@ -11,13 +11,25 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _fused_kernels(x: torch.Tensor) -> bool:
+    """The Triton element-wise kernels serve CUDA tensors; the CPU keeps PyTorch ops."""
+    return x.is_cuda
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalize x, or with `residual`: residual += x in place, then normalize it."""
+        if _fused_kernels(x) and x.dim() == 2:
+            from stator.engines.native.kernels.elementwise import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = residual.add_(x)
         if x.dtype == torch.float32:  # one fused kernel; same arithmetic in float32
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalize in float32 and scale in the input dtype, as the reference models do.
@@ -33,12 +45,24 @@ def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard: Any = None
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose parameters carry a `weight_loader` (how a checkpoint tensor lands)."""
+    """nn.Linear whose parameters carry a `weight_loader` (how a checkpoint tensor lands).
+    On CUDA a measured split-K GEMV config (`kernels/gemv.py`) may serve batches of at
+    most 8 rows; `gemv_config` stays None where cuBLAS is as fast."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
+        self.gemv_config: Any = None
         for p in self.parameters():
             p.weight_loader = self.load_shard  # type: ignore[attr-defined]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.gemv_config
+        if cfg is not None and x.dim() == 2 and x.shape[0] <= 8 and x.stride(1) == 1:
+            from stator.engines.native.kernels.gemv import gemv
+
+            y = gemv(x, self.weight, cfg)
+            return y if self.bias is None else y + self.bias
+        return super().forward(x)
 
     def shard_slices(self) -> dict[Any, slice]:
         return {}
@@ -84,7 +108,12 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if _fused_kernels(gate_up):
+            from stator.engines.native.kernels.elementwise import silu_mul
+
+            return self.down_proj(silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -129,6 +158,11 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if _fused_kernels(q) and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]:
+            from stator.engines.native.kernels.elementwise import rope_
+
+            rope_(q, k, self.cos, self.sin, positions)  # in place, one kernel for both
+            return q, k
         cached = self._cached
         if cached is not None and cached[0] is positions and cached[1] == q.dtype:
             cos, sin = cached[2], cached[3]

@@ -3,15 +3,19 @@ the scheduled batch, runs the forward pass and returns the logits the engine ask
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from stator.engines.native.attention import AttentionBackend, TorchAttention
 from stator.engines.native.config import ModelSpec, NativeConfig, parse_bytes
 from stator.engines.native.context import StepContext, set_context
+from stator.engines.native.cuda_graphs import DecodeGraphs
+from stator.engines.native.layers import Linear
 from stator.engines.native.loader import load_weights
 from stator.engines.native.models import model_class
 from stator.engines.native.request import Sequence
@@ -37,11 +41,25 @@ def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dty
     return DTYPES[name]
 
 
+def make_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchAttention()
+    if device.type != "cuda":
+        raise ValueError("--attention-backend triton needs --device cuda")
+    from stator.engines.native.triton_attention import TritonAttention
+
+    return TritonAttention()
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
     ctx: StepContext
     logits_rows: torch.Tensor  # rows of the hidden states to turn into logits
+    # One token per sequence and one logits row per token, in order (CUDA-graph eligible).
+    plain_decode: bool = False
 
 
 class ModelRunner:
@@ -60,7 +78,8 @@ class ModelRunner:
         self.block_size = config.block_size
         if config.cpu_threads > 0:
             torch.set_num_threads(config.cpu_threads)
-        self.backend = backend or TorchAttention()
+        self.backend = backend or make_backend(config.attention_backend, self.device)
+        self.max_model_len = max_model_len
         self.sliding_window = spec.sliding_window
         cls = model_class(spec.architecture)
         previous = torch.get_default_dtype()
@@ -70,27 +89,102 @@ class ModelRunner:
                 self.model = cls(spec, self.backend, max_model_len)
         finally:
             torch.set_default_dtype(previous)
-        load_weights(self.model, model_dir)
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, spec)
+        else:
+            load_weights(self.model, model_dir)
         self.model.eval()
-        self.num_blocks = self._size_kv_cache(max_model_len)
-        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        # Half precision only: in float32 the kernel's dot would round through tf32.
+        half = self.dtype in (torch.bfloat16, torch.float16)
+        if self.device.type == "cuda" and config.tune_gemv and half:
+            self._choose_gemv()
+        self.graphs: DecodeGraphs | None = None
+        peak = self._warm_up_peak() if self.device.type == "cuda" else 0
+        self.num_blocks = self._size_kv_cache(max_model_len, peak)
+        self._allocate_kv(self.num_blocks)
+        # The torch backend's plan reads the step's lengths on the host: no graphs for it.
+        graphable = not isinstance(self.backend, TorchAttention)
+        if self.device.type == "cuda" and not config.enforce_eager and graphable:
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.backend,
+                max_batch=min(config.max_graph_batch or config.max_num_seqs, 512),
+                max_blocks_per_seq=-(-max_model_len // self.block_size),
+                max_model_len=max_model_len,
+                block_size=self.block_size,
+                sliding_window=self.sliding_window,
+                device=self.device,
+            )
+            self.graphs.capture()
+
+    def _choose_gemv(self) -> None:
+        """Measure, per weight shape, whether the split-K GEMV beats cuBLAS at one row."""
+        from stator.engines.native.kernels.gemv import choose
+
+        chosen: dict[tuple[int, int], object] = {}
+        for module in self.model.modules():
+            if isinstance(module, Linear) and module.weight.is_contiguous():
+                shape = tuple(module.weight.shape)
+                if shape not in chosen:
+                    chosen[shape] = choose(module.weight)
+                module.gemv_config = chosen[shape]
+        log.info("split-K GEMV for batch <= 8: %s", chosen)
+
+    def _allocate_kv(self, num_blocks: int) -> None:
+        shape = (num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
         for layer in self.model.attention_layers():
             # Zeroed, not empty: padded gathers read unused slots and must see finite values.
             layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def _warm_up_peak(self) -> int:
+        """Peak bytes of activations of a full-budget prefill step (run on a scratch cache
+        just large enough), so the KV cache can take what is left."""
+        tokens = max(1, min(self.config.max_num_batched_tokens, self.max_model_len))
+        blocks = -(-tokens // self.block_size)
+        self._allocate_kv(blocks)  # allocated before `base`: not part of the peak
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        dev = self.device
+        ctx = StepContext(
+            positions=torch.arange(tokens, device=dev),
+            slot_mapping=torch.arange(tokens, device=dev),
+            block_tables=torch.arange(blocks, device=dev)[None],
+            query_lens=torch.tensor([tokens], device=dev),
+            seq_lens=torch.tensor([tokens], device=dev),
+            cu_query_lens=torch.tensor([0, tokens], device=dev),
+            max_query_len=tokens,
+            max_seq_len=tokens,
+            block_size=self.block_size,
+            uniform=True,
+        )
+        ids = torch.zeros(tokens, dtype=torch.long, device=dev)
+        rows = torch.arange(min(tokens, self.config.max_num_seqs), device=dev)
+        self.execute(StepInputs(input_ids=ids, ctx=ctx, logits_rows=rows))
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        self._allocate_kv(0)
+        torch.cuda.empty_cache()
+        log.info("warm-up step of %d tokens: activation peak %.2f GiB", tokens, peak / 2**30)
+        return peak
 
     def bytes_per_block(self) -> int:
         s = self.spec
         elem = torch.finfo(self.dtype).bits // 8
         return 2 * s.num_layers * self.block_size * s.num_kv_heads * s.head_dim * elem
 
-    def _size_kv_cache(self, max_model_len: int) -> int:
+    def _size_kv_cache(self, max_model_len: int, activation_peak: int) -> int:
         per_block = self.bytes_per_block()
         if self.config.kv_cache_memory:
             budget = parse_bytes(self.config.kv_cache_memory)
         elif self.device.type == "cuda":
+            # What this process may hold in all, less what is already in use (weights,
+            # other processes), less the activations of the largest step.
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = int(free - total * (1.0 - self.config.gpu_memory_utilization))
+            used = total - free
+            budget = int(total * self.config.gpu_memory_utilization - used - activation_peak)
         else:
             budget = _CPU_DEFAULT_KV_BYTES
         num_blocks = budget // per_block
@@ -127,8 +221,7 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             table = seq.block_ids
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-        width = max(len(s.block_ids) for s in seqs)
-        tables = [s.block_ids + [0] * (width - len(s.block_ids)) for s in seqs]
+        tables = _block_table([s.block_ids for s in seqs])
         seq_lens = [s.num_computed_tokens + n for s, n in zip(seqs, num_new, strict=True)]
         dev = self.device
         query_lens = torch.tensor(num_new, dtype=torch.long)
@@ -137,7 +230,7 @@ class ModelRunner:
         ctx = StepContext(
             positions=torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True),
             slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True),
-            block_tables=torch.tensor(tables, dtype=torch.long).to(dev, non_blocking=True),
+            block_tables=torch.from_numpy(tables).to(dev, non_blocking=True),
             query_lens=query_lens.to(dev, non_blocking=True),
             seq_lens=torch.tensor(seq_lens, dtype=torch.long).to(dev, non_blocking=True),
             cu_query_lens=cu.to(dev, non_blocking=True),
@@ -145,16 +238,25 @@ class ModelRunner:
             max_seq_len=max(seq_lens),
             block_size=bs,
             uniform=len(set(num_new)) == 1 and len(set(seq_lens)) == 1,
+            num_leading_single=_leading_ones(num_new),
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
             ctx=ctx,
             logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(dev, non_blocking=True),
+            plain_decode=max(num_new) == 1 and logits_rows == list(range(len(seqs))),
         )
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Run the model; logits [len(logits_rows), vocab] in float32."""
+        graphs = self.graphs
+        if (
+            graphs is not None
+            and inputs.plain_decode
+            and graphs.fits(inputs.input_ids.shape[0], inputs.ctx.block_tables.shape[1])
+        ):
+            return graphs.run(inputs.input_ids, inputs.ctx).float()
         self.backend.plan(inputs.ctx, self.sliding_window)
         set_context(inputs.ctx)
         try:
@@ -162,3 +264,35 @@ class ModelRunner:
         finally:
             set_context(None)
         return self.model.compute_logits(hidden[inputs.logits_rows]).float()
+
+
+def _block_table(block_ids: list[list[int]]) -> np.ndarray:
+    """Rows padded with 0, built with one flat conversion (a nested-list torch.tensor
+    costs ~1 ms per 10k entries, which is most of a 256-sequence decode step's input)."""
+    lens = np.fromiter((len(b) for b in block_ids), dtype=np.int64, count=len(block_ids))
+    width = int(lens.max())
+    table = np.zeros((len(block_ids), width), dtype=np.int64)
+    flat = np.fromiter(
+        itertools.chain.from_iterable(block_ids), dtype=np.int64, count=int(lens.sum())
+    )
+    table[np.arange(width)[None, :] < lens[:, None]] = flat
+    return table
+
+
+def _leading_ones(values: list[int]) -> int:
+    for i, v in enumerate(values):
+        if v != 1:
+            return i
+    return len(values)
+
+
+@torch.no_grad()
+def init_dummy_weights(model: torch.nn.Module, spec: ModelSpec) -> None:
+    """Random weights of a trained model's scale (for benchmarks without a checkpoint):
+    norms at 1, everything else N(0, 0.02)."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)

@@ -178,3 +178,16 @@ async def test_a_failing_step_kills_the_engine_with_errors_not_hangs(llama):
             await collect(eng, greedy_request("y", [11, 12], 3))
     finally:
         await eng.shutdown()
+
+
+def test_dummy_load_format_runs_without_a_checkpoint(tmp_path, llama):
+    """`--load-format dummy` (benchmarks): config.json alone is enough; random weights."""
+    import shutil
+
+    from tests.engines.native.models import core_for, greedy_request, prompt, run_all, tokens_of
+
+    model_dir, _ = llama
+    shutil.copy(model_dir / "config.json", tmp_path / "config.json")
+    core = core_for(tmp_path, load_format="dummy")
+    out = run_all(core, [greedy_request("r", prompt(1, 9), 5)])["r"]
+    assert len(tokens_of(out)) == 5

@@ -66,9 +66,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it). The residual add is
+        fused into the next norm: residual += x, then normalize (one kernel on CUDA)."""
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h = self.input_layernorm(x, residual)
+        h = self.post_attention_layernorm(self.self_attn(positions, h), residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
@@ -80,9 +89,10 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        residual = None
         for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual)
+        return self.norm(x, residual)
 
 
 @register("LlamaForCausalLM", "MistralForCausalLM")

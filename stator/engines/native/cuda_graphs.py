@@ -1,0 +1,116 @@
+"""CUDA graphs for decode steps: one graph per batch-size bucket, all reading persistent
+input buffers, sharing one memory pool (captured largest first).
+
+A decode step of n sequences replays the smallest bucket >= n: the step's inputs are copied
+into the first n rows of the buffers; the padded rows get slot -1 (the KV store skips them)
+and length 0 (attention writes zeros for them). The graph covers the whole forward pass and
+the LM head, so one replay replaces ~10 kernel launches per layer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+import torch
+from torch import nn
+
+from stator.engines.native.attention import AttentionBackend
+from stator.engines.native.context import StepContext, set_context
+
+log = logging.getLogger(__name__)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    small = [b for b in (1, 2, 4, 8) if b < max_batch]
+    return small + list(range(16, max_batch, 16)) + [max_batch]
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: nn.Module,
+        backend: AttentionBackend,
+        *,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        max_model_len: int,
+        block_size: int,
+        sliding_window: int | None,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.buckets = batch_buckets(max_batch)
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+
+        def buf(*shape: int, fill: int = 0) -> torch.Tensor:
+            return torch.full(shape, fill, dtype=torch.long, device=device)
+
+        self.input_ids = buf(max_batch)
+        self.positions = buf(max_batch)
+        self.slot_mapping = buf(max_batch, fill=-1)
+        self.block_tables = buf(max_batch, max_blocks_per_seq)
+        self.seq_lens = buf(max_batch)
+        self.query_lens = buf(max_batch, fill=1)
+        self.cu_query_lens = torch.arange(max_batch + 1, dtype=torch.long, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def _context(self, bs: int) -> StepContext:
+        return StepContext(
+            positions=self.positions[:bs],
+            slot_mapping=self.slot_mapping[:bs],
+            block_tables=self.block_tables[:bs],
+            query_lens=self.query_lens[:bs],
+            seq_lens=self.seq_lens[:bs],
+            cu_query_lens=self.cu_query_lens[: bs + 1],
+            max_query_len=1,
+            # Kernel launch constants must not depend on the step: plan for the longest.
+            max_seq_len=self.max_model_len,
+            block_size=self.block_size,
+        )
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        ctx = self._context(bs)
+        self.backend.plan(ctx, self.sliding_window)
+        set_context(ctx)
+        try:
+            hidden = self.model(self.input_ids[:bs], ctx.positions)
+            return self.model.compute_logits(hidden)
+        finally:
+            set_context(None)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        for bs in reversed(self.buckets):
+            self._forward(bs)  # warm-up: compiles kernels, settles allocations
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[bs] = self._forward(bs)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+        log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
+
+    def fits(self, batch: int, blocks_per_seq: int) -> bool:
+        return batch <= self.buckets[-1] and blocks_per_seq <= self.block_tables.shape[1]
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Logits [n, vocab] of a decode step of n sequences (one token each)."""
+        n = input_ids.shape[0]
+        bs = self.buckets[bisect.bisect_left(self.buckets, n)]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(ctx.positions)
+        self.slot_mapping[:n].copy_(ctx.slot_mapping)
+        self.slot_mapping[n:bs].fill_(-1)
+        self.seq_lens[:n].copy_(ctx.seq_lens)
+        self.seq_lens[n:bs].fill_(0)
+        width = ctx.block_tables.shape[1]
+        self.block_tables[:n, :width].copy_(ctx.block_tables)
+        self.graphs[bs].replay()
+        return self.logits[bs][:n]

@@ -1,0 +1,218 @@
+"""Paged decode attention, split-K ("flash decoding"): one query token per sequence.
+
+Stage 1, grid (batch, kv_head, split): the GQA group of query heads that share a KV head is
+packed into the rows of one tile (padded to 16, the smallest `tl.dot`), so every key and
+value is read from memory once per group. Each program walks its share of the sequence's
+tokens in BLOCK_N tiles, looking up each token's page in the block table, with an online
+softmax in float32 (base 2), and writes a partial output and its log-sum-exp.
+Stage 2, grid (batch * q_head): merges the splits by their log-sum-exp; attention sinks
+(one logit per head, no value) only add to the denominator, so they live here.
+
+Hooks: `window` > 0 keeps the last `window` keys (the query itself included); `sinks`
+[Hq] float32 logits. A sequence of length 0 (a padded CUDA-graph row) yields zeros.
+The number of splits is a launch constant, so a CUDA graph can fix it per batch size; the
+split length adapts to each sequence's length inside the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    q_stride_t,
+    q_stride_h,
+    bt_stride,
+    scale_log2,
+    window,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    start = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
+
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    row_ok = rows < GROUP
+    heads = kvh * GROUP + rows
+    q = tl.load(
+        q_ptr + b.to(tl.int64) * q_stride_t + heads[:, None] * q_stride_h + dims[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    tok_stride = NUM_KV_HEADS * HEAD_DIM
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        ok = cols < hi
+        page = tl.load(
+            block_table_ptr + b.to(tl.int64) * bt_stride + cols // PAGE, mask=ok, other=0
+        )
+        token = page.to(tl.int64) * PAGE + cols % PAGE
+        offs = token[:, None] * tok_stride + kvh * HEAD_DIM + dims[None, :]
+        k = tl.load(k_cache_ptr + offs, mask=ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + offs, mask=ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    has = l_i > 0
+    out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    row_index = (b * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split  # [B, Hq, S]
+    tl.store(part_lse_ptr + row_index, lse, mask=row_ok)
+    tl.store(
+        part_out_ptr + row_index[:, None].to(tl.int64) * HEAD_DIM + dims[None, :],
+        out,
+        mask=row_ok[:, None],
+    )
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    sinks_ptr,
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+):
+    pid = tl.program_id(0)  # b * Hq + h
+    b = pid // NUM_HEADS
+    h = pid % NUM_HEADS
+    splits = tl.arange(0, SPLITS_PAD)
+    split_ok = splits < NUM_SPLITS
+    dims = tl.arange(0, HEAD_DIM)
+    lse = tl.load(part_lse_ptr + pid * NUM_SPLITS + splits, mask=split_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_safe)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m_safe)
+    parts = tl.load(
+        part_out_ptr + (pid * NUM_SPLITS + splits)[:, None].to(tl.int64) * HEAD_DIM + dims[None, :],
+        mask=split_ok[:, None],
+        other=0.0,
+    )
+    out = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0, denom, 1.0)
+    tl.store(
+        out_ptr + b.to(tl.int64) * out_stride_t + h * out_stride_h + dims,
+        out.to(out_ptr.dtype.element_ty),
+    )
+
+
+def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
+    """Enough programs to fill the GPU about twice, no split shorter than one tile."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    by_occupancy = max(1, (2 * sms) // max(1, batch * num_kv_heads))
+    by_length = max(1, math.ceil(max_seq_len / BLOCK_N))
+    return min(by_occupancy, by_length, 32)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [B, Hq, D] (one token per sequence); caches [blocks, page, Hkv, D]; block_table
+    [B, >= ceil(len / page)]; seq_lens [B] keys per sequence (this token's included)."""
+    batch, num_heads, head_dim = q.shape
+    _, page, num_kv_heads, _ = k_cache.shape
+    if q.stride(2) != 1:
+        raise ValueError("q's last dimension must be contiguous")
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    part_out = torch.empty(
+        (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+    )
+    part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        part_out,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        block_table.stride(0),
+        scale * _LOG2E,
+        window,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        PAGE=page,
+        BLOCK_N=BLOCK_N,
+        NUM_SPLITS=num_splits,
+        num_warps=4,
+        num_stages=2,
+    )
+    _decode_merge_kernel[(batch * num_heads,)](
+        part_out,
+        part_lse,
+        sinks if sinks is not None else part_lse,
+        out,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HAS_SINKS=sinks is not None,
+        num_warps=4,
+    )
+    return out

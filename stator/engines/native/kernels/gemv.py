@@ -1,0 +1,134 @@
+"""Skinny matmul y = x @ W.T for a few rows (decode at batch <= 8), split over K.
+
+At one row cuBLAS streams some of Llama's weight shapes at a third of the memory
+bandwidth (engines.md §5). Here each program reads a BLOCK_N x (K / SPLIT_K) slab of W once,
+in BLOCK_K-wide coalesced rows, multiplies the (padded to 16) rows of x on the tensor
+cores, and writes float32 partial sums; the splits are summed afterwards. Which shapes use
+it is decided by measurement at start-up (`choose`): a shape keeps cuBLAS unless a config
+here is both correct and faster on this GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 8
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    x_stride,
+    K_PER_SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, 16)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    k_start = split * K_PER_SPLIT
+    for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        w = tl.load(
+            w_ptr + cols[:, None].to(tl.int64) * K + ks[None, :],
+            mask=col_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        x = tl.load(
+            x_ptr + rows[:, None] * x_stride + ks[None, :],
+            mask=(rows[:, None] < M) & k_ok[None, :],
+            other=0.0,
+        )
+        acc += tl.dot(x, tl.trans(w))
+    out = part_ptr + (split * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+    tl.store(out, acc, mask=(rows[:, None] < M) & col_ok[None, :])
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Tensor:
+    """x [M <= 8, K] @ weight[N, K].T -> [M, N] in x's dtype."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if m > MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
+        raise ValueError("gemv needs at most 8 contiguous rows and a contiguous weight")
+    per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    parts = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), config.split_k)
+    _gemv_kernel[grid](
+        x,
+        weight,
+        parts,
+        m,
+        n,
+        k,
+        x.stride(0),
+        K_PER_SPLIT=per_split,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        num_warps=4,
+        num_stages=4,
+    )
+    return parts.sum(0).to(x.dtype) if config.split_k > 1 else parts[0].to(x.dtype)
+
+
+def _time(fn, reps: int = 50) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+@torch.no_grad()
+def choose(weight: torch.Tensor) -> GemvConfig | None:
+    """The fastest correct config for one row against `weight`, or None where cuBLAS is
+    at least as fast."""
+    n, k = weight.shape
+    sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
+    x = torch.randn(1, k, device=weight.device, dtype=weight.dtype)
+    ref = torch.nn.functional.linear(x, weight).float()
+    best, best_ms = None, _time(lambda: torch.nn.functional.linear(x, weight))
+    for block_n in (32, 64, 128):
+        for block_k in (128, 256):
+            tiles = triton.cdiv(n, block_n)
+            split = max(1, min(triton.cdiv(2 * sms, tiles), k // (2 * block_k)))
+            cfg = GemvConfig(block_n, block_k, split)
+            try:
+                out = gemv(x, weight, cfg).float()
+                if not torch.isfinite(out).all():
+                    continue
+                if float((out - ref).norm() / ref.norm().clamp_min(1e-6)) > 1e-2:
+                    continue
+                ms = _time(lambda cfg=cfg: gemv(x, weight, cfg))
+            except Exception as exc:  # a config this GPU cannot compile: skip it
+                log.debug("gemv config %s failed: %s", cfg, exc)
+                continue
+            if ms < best_ms * 0.97:
+                best, best_ms = cfg, ms
+    return best
