@@ -111,6 +111,10 @@ def full_parser(spec: EngineSpec | None, prog: str = "stator worker") -> argpars
     if spec is not None and spec.config_class is not None:
         group = parser.add_argument_group(f"{spec.name} engine")
         add_flags(group, spec.config_class, skip=common)
+        # An engine with flags of its own library (vLLM's engine arguments) adds them here.
+        passthrough = getattr(spec.config_class, "add_passthrough_flags", None)
+        if passthrough is not None:
+            passthrough(parser)
     return parser
 
 
@@ -136,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     # Second phase: the engine's flags, from what the first phase did not know.
     unknown = list(getattr(args, "unknown_args", []) or [])
     engine_args = parser.parse_args(unknown, namespace=argparse.Namespace(**vars(args)))
-    engine_config = from_args(spec.config_class, engine_args) if spec.config_class else None
+    engine_config = _engine_config(spec, engine_args)
     runtime_config = from_args(RuntimeConfig, engine_args)
     worker_config = from_args(WorkerConfig, engine_args)
     download = from_args(DownloadConfig, engine_args)
@@ -154,6 +158,17 @@ def run(args: argparse.Namespace) -> int:
     from stator.worker.main import serve_worker
 
     return asyncio.run(serve_worker(runtime_config, worker_config, engine, model_dir))
+
+
+def _engine_config(spec: EngineSpec, namespace: argparse.Namespace) -> Any:
+    """The engine's config; a config class with `from_namespace` also reads its
+    pass-through flags from the namespace."""
+    if spec.config_class is None:
+        return None
+    from_namespace = getattr(spec.config_class, "from_namespace", None)
+    if from_namespace is not None:
+        return from_namespace(namespace)
+    return from_args(spec.config_class, namespace)
 
 
 def _model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
