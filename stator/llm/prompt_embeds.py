@@ -15,6 +15,7 @@ import base64
 import binascii
 import io
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,9 @@ def decode_prompt_embeds(
         raise InvalidPromptEmbeds(f"prompt_embeds is not valid base64: {exc}") from exc
     torch = _torch()
     try:
-        tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols; we refuse
+            warnings.simplefilter("ignore")
+            tensor = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     except Exception as exc:  # the restricted unpickler refuses anything but tensors
         raise InvalidPromptEmbeds(
             f"prompt_embeds is not a saved tensor (only torch.save tensors are accepted): "
