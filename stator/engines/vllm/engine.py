@@ -199,6 +199,11 @@ class VllmEngine(Engine):
         prompt, prompt_ids, prompt_len = self._prompt(request)
         params = sampling_params(request, prompt_len, llm.vllm_config.model_config.max_model_len)
         lora = self.loras.request_for(request.lora_name)
+        if request.sampling.prompt_logprobs is not None and self._prompt_logprobs_kill_engine():
+            raise EngineError(
+                "prompt_logprobs is refused on this worker: with LoRA enabled on vLLM's CPU "
+                "build, prompt logprobs in a batch of two or more kill the engine"
+            )
         converter = OutputConverter(
             prompt_ids,
             prompt_len,
@@ -229,6 +234,12 @@ class VllmEngine(Engine):
             if not finished and self.llm is not None:
                 with contextlib.suppress(Exception):
                     await self.llm.abort(request.request_id)
+
+    def _prompt_logprobs_kill_engine(self) -> bool:
+        """vLLM bug (CPU LoRA kernels, PunicaWrapperCPU.add_lora_logits): prompt_logprobs
+        with more than one request in the batch raises in the engine and kills it,
+        whether or not the requests use an adapter (upstream issues #29955, #16668)."""
+        return bool(self.args.enable_lora) and current_platform.is_cpu()
 
     def _priority_scheduling(self) -> bool:
         assert self.llm is not None
@@ -266,6 +277,7 @@ class VllmEngine(Engine):
         """vLLM's KV events; raises EngineDead when the engine dies, so the worker host
         hears of a death even between health checks."""
         dead = asyncio.create_task(self._dead_event.wait())
+        nxt: asyncio.Future | None = None
         try:
             if self._relay is None:
                 await dead
@@ -275,12 +287,13 @@ class VllmEngine(Engine):
                     nxt = asyncio.ensure_future(anext(batches))
                     done, _ = await asyncio.wait({nxt, dead}, return_when=asyncio.FIRST_COMPLETED)
                     if nxt not in done:
-                        nxt.cancel()
                         break
                     yield nxt.result()
             raise EngineDead(f"vLLM engine died: {self._dead}")
         finally:
             dead.cancel()
+            if nxt is not None and not nxt.done():
+                nxt.cancel()
 
     async def clear_kv(self) -> None:
         assert self.llm is not None
