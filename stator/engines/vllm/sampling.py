@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 from stator.engines.base import EngineError
@@ -82,5 +83,8 @@ def sampling_params(request: EngineRequest, prompt_len: int, max_model_len: int)
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
         )
-    except ValueError as exc:  # vLLM validates ranges (temperature < 0, top_p > 1, ...)
+    except (
+        ValueError,
+        VLLMValidationError,
+    ) as exc:  # vLLM validates ranges (temperature < 0, top_p > 1, ...)
         raise EngineError(f"invalid sampling parameters: {exc}") from exc

@@ -63,9 +63,19 @@ def test_vllm_engine_arguments_pass_through():
 
 
 def test_kv_events_go_to_a_loopback_port():
-    args = engine_args(parse(["--model", "/m"]), "/m", "served")
-    endpoint = args.kv_events_config.endpoint
-    assert endpoint.startswith("tcp://127.0.0.1:") and args.kv_events_config.enable_kv_cache_events
+    import msgspec
+    from vllm.distributed.kv_events import KVEventBatch
+
+    from stator.engines.vllm.kv_events import KvEventRelay
+
+    relay = KvEventRelay.on_loopback("kv", msgspec.msgpack.Decoder(KVEventBatch))
+    try:
+        assert relay.endpoint.startswith("tcp://127.0.0.1:")
+        args = engine_args(parse(["--model", "/m"]), "/m", "served", relay.endpoint)
+        assert args.kv_events_config.endpoint == relay.endpoint
+        assert args.kv_events_config.enable_kv_cache_events
+    finally:
+        relay.close()
 
 
 def test_stator_owns_model_and_served_name_flags():
