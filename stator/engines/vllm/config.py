@@ -17,6 +17,8 @@ from stator.config import from_args, option
 
 # vLLM flags whose stator twin wins (same meaning, already on `stator worker`).
 OWNED_BY_STATOR = frozenset({"-h", "--help", "--model", "--served-model-name", "--revision"})
+# Namespace attribute listing the dests of the vLLM flags grafted onto the parser.
+GRAFTED = "_vllm_engine_arg_dests"
 
 
 @dataclass
@@ -50,26 +52,27 @@ class VllmConfig:
         """Graft vLLM's engine-argument flags onto `parser` (for --help and parsing)."""
         group = parser.add_argument_group("vLLM engine arguments (passed to AsyncEngineArgs)")
         taken = set(parser._option_string_actions)
+        grafted = []
         for action in _vllm_actions():
             if any(s in OWNED_BY_STATOR or s in taken for s in action.option_strings):
-                continue
+                continue  # stator's flag of the same name wins (e.g. --reasoning-parser)
             if not action.option_strings:  # vLLM's positional model tag
                 continue
             group._add_action(action)
+            grafted.append(action.dest)
+        parser.set_defaults(**{GRAFTED: grafted})
 
     @classmethod
     def from_namespace(cls, namespace: argparse.Namespace) -> VllmConfig:
         """Stator fields from their flags; vLLM fields that differ from vLLM's defaults."""
         config = from_args(cls, namespace)
-        defaults = {a.dest: a.default for a in _vllm_actions()}
+        grafted = set(getattr(namespace, GRAFTED, ()))
+        defaults = {a.dest: a.default for a in _vllm_actions() if a.dest in grafted}
         fields = {f.name for f in dataclasses.fields(_engine_args_class())}
         config.engine_args = {
             dest: getattr(namespace, dest)
             for dest, default in defaults.items()
-            if dest in fields
-            and dest not in ("model", "served_model_name", "revision")
-            and hasattr(namespace, dest)
-            and getattr(namespace, dest) != default
+            if dest in fields and hasattr(namespace, dest) and getattr(namespace, dest) != default
         }
         return config
 

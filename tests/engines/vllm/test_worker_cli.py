@@ -31,7 +31,8 @@ def parse(argv: list[str]) -> VllmConfig:
     return _engine_config(spec, namespace)
 
 
-def test_vllm_engine_arguments_pass_through():
+def test_vllm_engine_arguments_pass_through(llama_dir):
+    model = str(llama_dir)
     config = parse(
         [
             "--model",
@@ -44,7 +45,7 @@ def test_vllm_engine_arguments_pass_through():
             "3",
             "--enable-lora",
             "--max-lora-rank",
-            "16",
+            "32",
         ]
     )
     assert config.kv_events is False
@@ -53,16 +54,16 @@ def test_vllm_engine_arguments_pass_through():
         "max_model_len": 512,
         "enforce_eager": True,
         "enable_lora": True,
-        "max_lora_rank": 16,
+        "max_lora_rank": 32,
     }
-    args = engine_args(config, "/m", "served")
-    assert args.model == "/m" and args.served_model_name == ["served"]
+    args = engine_args(config, model, "served")
+    assert args.model == model and args.served_model_name == ["served"]
     assert args.max_model_len == 512 and args.enable_prefix_caching
     assert args.kv_events_config is None
     assert args.max_loras == config.default_max_loras  # one slot kept free for the base
 
 
-def test_kv_events_go_to_a_loopback_port():
+def test_kv_events_go_to_a_loopback_port(llama_dir):
     import msgspec
     from vllm.distributed.kv_events import KVEventBatch
 
@@ -71,7 +72,8 @@ def test_kv_events_go_to_a_loopback_port():
     relay = KvEventRelay.on_loopback("kv", msgspec.msgpack.Decoder(KVEventBatch))
     try:
         assert relay.endpoint.startswith("tcp://127.0.0.1:")
-        args = engine_args(parse(["--model", "/m"]), "/m", "served", relay.endpoint)
+        model = str(llama_dir)
+        args = engine_args(parse(["--model", model]), model, "served", relay.endpoint)
         assert args.kv_events_config.endpoint == relay.endpoint
         assert args.kv_events_config.enable_kv_cache_events
     finally:
@@ -79,8 +81,8 @@ def test_kv_events_go_to_a_loopback_port():
 
 
 def test_stator_owns_model_and_served_name_flags():
-    config = parse(["--model", "/m", "--served-model-name", "x"])
-    assert "model" not in config.engine_args and "served_model_name" not in config.engine_args
+    config = parse(["--model", "/m", "--served-model-name", "x", "--reasoning-parser", "qwen3"])
+    assert config.engine_args == {}
 
 
 def test_help_lists_stator_and_vllm_flags():
