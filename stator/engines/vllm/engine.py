@@ -90,7 +90,13 @@ class VllmEngine(Engine):
             )
         # Start-up (spawning EngineCore, loading, profiling) blocks for seconds: keep the
         # event loop (and the runtime's heartbeats) going meanwhile.
-        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.args)
+        try:
+            self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, self.args)
+        except BaseException:
+            if self._relay is not None:
+                self._relay.close()
+                self._relay = None
+            raise
         vllm_config = self.llm.vllm_config
         if self.args.enable_lora:
             self.loras.max_adapters = vllm_config.lora_config.max_loras - 1

@@ -43,7 +43,7 @@ OFFLINE_SCRIPT = textwrap.dedent(
 
     def main():
         model, prompt, max_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
-        llm = LLM(model=model, enforce_eager=True, max_model_len=1024, dtype="float32",
+        llm = LLM(model=model, enforce_eager=True, max_model_len=1024, dtype=sys.argv[4],
                   enable_prefix_caching=False)
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params)
@@ -56,14 +56,14 @@ OFFLINE_SCRIPT = textwrap.dedent(
 
 
 def offline_greedy(
-    model_dir: Path, prompt: list[int], max_tokens: int, tmp_path: Path
+    model_dir: Path, prompt: list[int], max_tokens: int, tmp_path: Path, dtype: str = "float32"
 ) -> list[int]:
     """vLLM's own offline `LLM.generate`, in a child process (vLLM's spawn wants a main)."""
     script = tmp_path / "offline_generate.py"
     script.write_text(OFFLINE_SCRIPT)
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     proc = subprocess.run(
-        [sys.executable, str(script), str(model_dir), json.dumps(prompt), str(max_tokens)],
+        [sys.executable, str(script), str(model_dir), json.dumps(prompt), str(max_tokens), dtype],
         capture_output=True,
         text=True,
         timeout=600,

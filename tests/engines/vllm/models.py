@@ -69,3 +69,19 @@ def make_lora(base: Path, path: Path, seed: int = 1) -> Path:
                 param.mul_(5.0)
     peft_model.save_pretrained(path)
     return path
+
+
+def make_gpt_oss(path: Path) -> Path:
+    """GPT-OSS: two layers (sliding + full attention), four experts, top-2, attention sinks."""
+    return make_weights_model(
+        path,
+        "GptOssForCausalLM",
+        "gpt_oss",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_per_token=2,
+        intermediate_size=HIDDEN,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"],
+        torch_dtype="bfloat16",
+    )

@@ -17,7 +17,13 @@ import psutil
 
 from stator.engines.base import EngineDead
 from stator.engines.vllm import VllmConfig, create_engine
-from tests.engines.vllm.helpers import TEST_ENGINE_ARGS, collect, greedy_request, tokens
+from tests.engines.vllm.helpers import (
+    TEST_ENGINE_ARGS,
+    collect,
+    greedy_request,
+    offline_greedy,
+    tokens,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +32,7 @@ def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-async def test_killed_engine_core_raises_engine_dead(qwen3_dir):
+async def test_qwen3_serves_then_dies_with_engine_dead(qwen3_dir, tmp_path):
     before = children()
     engine = create_engine(
         VllmConfig.make(TEST_ENGINE_ARGS, engine_monitor_interval=0.5), str(qwen3_dir), "qwen"
@@ -35,6 +41,8 @@ async def test_killed_engine_core_raises_engine_dead(qwen3_dir):
     try:
         out = await collect(engine.generate(greedy_request("q-1", [1, 20, 30, 40], max_tokens=6)))
         assert len(tokens(out)) == 6 and out[-1].finish_reason == "length"
+        offline = await asyncio.to_thread(offline_greedy, qwen3_dir, [1, 20, 30, 40], 6, tmp_path)
+        assert tokens(out) == offline
         await engine.health_check()
         prompt = [1, 20, 30, 40, 50]
         lp = await collect(engine.generate(greedy_request("q-lp", prompt, 2, prompt_logprobs=1)))
