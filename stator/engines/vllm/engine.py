@@ -210,7 +210,8 @@ class VllmEngine(Engine):
         llm = self.llm
         prompt, prompt_ids, prompt_len = self._prompt(request)
         params = sampling_params(request, prompt_len, llm.vllm_config.model_config.max_model_len)
-        lora = self.loras.request_for(request.lora_name)
+        # An adapter is named by lora_name, or by the model name its own card carries.
+        lora = self.loras.request_for(request.lora_name or self.loras.adapter_named(request.model))
         if request.sampling.prompt_logprobs is not None and self._prompt_logprobs_kill_engine():
             raise EngineError(
                 "prompt_logprobs is refused on this worker: with LoRA enabled on vLLM's CPU "

@@ -55,6 +55,9 @@ class LoraSet:
             raise EngineError(f"LoRA adapter {name!r} is not loaded")
         return lora
 
+    def adapter_named(self, model: str) -> str | None:
+        return model if model in self.loaded else None
+
     def new_request(self, name: str, path: Path) -> LoRARequest:
         if name == self.base_model:
             raise EngineError(f"a LoRA adapter cannot take the base model's name {name!r}")
