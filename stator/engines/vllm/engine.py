@@ -224,9 +224,10 @@ class VllmEngine(Engine):
             prompt_logprobs=request.sampling.prompt_logprobs,
             hidden_stop_ids=set(request.stop.stop_token_ids_hidden),
         )
-        # vLLM serves `priority` only under --scheduling-policy priority (lower = sooner,
-        # as in stator); with FCFS it refuses any non-zero value, so it is not passed.
-        priority = request.priority if self._priority_scheduling() else 0
+        # Stator serves a higher priority first (as the router's queue does); vLLM serves a
+        # lower value first, and only under --scheduling-policy priority (with FCFS it
+        # refuses any non-zero value, so none is passed).
+        priority = -request.priority if self._priority_scheduling() else 0
         finished = False
         try:
             async for ro in llm.generate(

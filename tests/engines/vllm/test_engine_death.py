@@ -35,7 +35,11 @@ def children() -> set[int]:
 async def test_qwen3_serves_then_dies_with_engine_dead(qwen3_dir, tmp_path):
     before = children()
     engine = create_engine(
-        VllmConfig.make(TEST_ENGINE_ARGS, engine_monitor_interval=0.5), str(qwen3_dir), "qwen"
+        VllmConfig.make(
+            {**TEST_ENGINE_ARGS, "scheduling_policy": "priority"}, engine_monitor_interval=0.5
+        ),
+        str(qwen3_dir),
+        "qwen",
     )
     await engine.start()
     try:
@@ -44,6 +48,9 @@ async def test_qwen3_serves_then_dies_with_engine_dead(qwen3_dir, tmp_path):
         offline = await asyncio.to_thread(offline_greedy, qwen3_dir, [1, 20, 30, 40], 6, tmp_path)
         assert tokens(out) == offline
         await engine.health_check()
+        urgent = greedy_request("q-prio", [1, 20, 30, 40], max_tokens=6)
+        urgent.priority = 5  # reaches vLLM's priority scheduler (as -5)
+        assert tokens(await collect(engine.generate(urgent))) == offline
         prompt = [1, 20, 30, 40, 50]
         lp = await collect(engine.generate(greedy_request("q-lp", prompt, 2, prompt_logprobs=1)))
         prompt_lps = lp[0].prompt_logprobs
