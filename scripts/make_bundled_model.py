@@ -19,8 +19,12 @@ To teach the chat template, a share of the training samples are ChatML conversat
 which the user quotes a verse and the assistant answers with the verses that follow it,
 ending with `<|im_end|>`; the rest are plain runs of text.
 
-    python scripts/make_bundled_model.py                # 10 CPU-minutes: 5 on 2 idle cores
+    python scripts/make_bundled_model.py                # 8 CPU-minutes on one core
     python scripts/make_bundled_model.py --minutes 1    # a quick, worse model
+
+The bundled model was made with the defaults (8 CPU-minutes, ~640 steps of 16 x 128
+tokens, final training loss ~3.8). Asked "And God said, Let there be light." it answers
+(greedy) "And the LORD said unto Moses, The LORD hath done unto thee, ...".
 """
 
 from __future__ import annotations
@@ -226,7 +230,9 @@ def write_model_dir(out: Path, tok: Tokenizer, model, config: dict) -> None:
         for k, v in model.state_dict().items()
         if k != "lm_head.weight"
     }
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = out / "model.safetensors"
+    save_file(state, str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # save_file makes it private; a packaged file must be readable
 
 
 def sample(out: Path, log) -> None:
@@ -255,11 +261,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--text", type=Path, help="train on this text file instead of the KJV")
     parser.add_argument(
-        "--minutes", type=float, default=10.0, help="training budget in CPU minutes (all threads)"
+        "--minutes", type=float, default=8.0, help="training budget in CPU minutes (all threads)"
     )
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
+    # One thread: on a shared machine, extra threads mostly spin-wait and eat the budget.
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="torch device to train on")
     parser.add_argument(
         "--kjv-file",

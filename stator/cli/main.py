@@ -11,7 +11,7 @@ from stator import __version__
 
 # Subcommand module names, in the order `--help` lists them. Each module defines
 # `register(subparsers)`, which adds its parser and sets `func` to a callable(args) -> int.
-SUBCOMMANDS: list[str] = ["worker", "download"]
+SUBCOMMANDS: list[str] = ["run", "frontend", "worker", "download", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     worker_config = from_args(WorkerConfig, engine_args)
     download = from_args(DownloadConfig, engine_args)
     try:
-        model_dir = _model_dir(worker_config, download)
+        model_dir = worker_model_dir(worker_config, download)
     except ModelNotFound as exc:
         log.error("%s", exc)
         return 2
@@ -171,7 +171,7 @@ def _engine_config(spec: EngineSpec, namespace: argparse.Namespace) -> Any:
     return from_args(spec.config_class, namespace)
 
 
-def _model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
+def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     if not config.model:
         from stator.models import bundled_model_dir
 
@@ -182,4 +182,4 @@ def _model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     return resolve_model(config.model, revision=download.revision, cache_dir=download.cache_dir)
 
 
-__all__ = ["full_parser", "load_engine_spec", "register", "run"]
+__all__ = ["full_parser", "load_engine_spec", "register", "run", "worker_model_dir"]

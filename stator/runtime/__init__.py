@@ -12,6 +12,7 @@ from stator.runtime.errors import (
     StreamDisconnected,
 )
 from stator.runtime.event_plane import EventPlane, open_event_plane
+from stator.runtime.lifecycle import Lifecycle, run_main
 from stator.runtime.names import EndpointName, InstanceInfo
 from stator.runtime.runtime import Runtime, RuntimeConfig
 
@@ -24,6 +25,7 @@ __all__ = [
     "EngineShutdown",
     "EventPlane",
     "InstanceInfo",
+    "Lifecycle",
     "Migratable",
     "NoInstances",
     "RemoteError",
@@ -33,4 +35,5 @@ __all__ = [
     "WatchEvent",
     "open_discovery",
     "open_event_plane",
+    "run_main",
 ]

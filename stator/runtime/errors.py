@@ -37,3 +37,7 @@ class NoInstances(RuntimeErrorBase):
 
 class DiscoveryUnavailable(RuntimeErrorBase):
     """The discovery backend cannot be reached."""
+
+
+class EventPlaneUnavailable(RuntimeErrorBase):
+    """The event-plane server (NATS) cannot be reached."""

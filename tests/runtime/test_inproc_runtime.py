@@ -3,7 +3,14 @@ import asyncio
 import pytest
 
 from stator.protocols import EngineRequest
-from stator.runtime import NoInstances, RemoteError, Runtime, RuntimeConfig, StreamDisconnected
+from stator.runtime import (
+    EngineShutdown,
+    NoInstances,
+    RemoteError,
+    Runtime,
+    RuntimeConfig,
+    StreamDisconnected,
+)
 
 
 async def make_runtime() -> Runtime:
@@ -100,6 +107,21 @@ async def test_handler_error_and_dead_instance():
     with pytest.raises(StreamDisconnected):
         await task
     assert 0 < len(got) < 100
+    await worker.shutdown()
+
+
+async def test_a_handler_giving_the_stream_up_is_migratable():
+    worker = await make_runtime()
+
+    async def dying(request):
+        yield 1
+        raise EngineShutdown("engine died")
+
+    await worker.serve("stator.backend.generate", dying)
+    client = await worker.client("stator.backend.generate")
+    await client.wait_for_instances(1, timeout=1)
+    with pytest.raises(EngineShutdown):
+        [x async for x in client.generate(worker.instance_id, None)]
     await worker.shutdown()
 
 

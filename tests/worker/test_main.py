@@ -7,8 +7,9 @@ import signal
 
 from stator.protocols import EngineOutput, EngineRequest
 from stator.runtime import Runtime, RuntimeConfig
+from stator.runtime.lifecycle import EXIT_FATAL, EXIT_OK
 from stator.worker.config import WorkerConfig
-from stator.worker.main import EXIT_FATAL, EXIT_OK, serve_worker
+from stator.worker.main import serve_worker
 from tests.fakes import ScriptedEngine
 
 

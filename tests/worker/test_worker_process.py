@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from stator.protocols import EngineRequest, ModelCard, decode
+from stator.protocols import EngineOutput, EngineRequest, ModelCard, decode
 from stator.runtime import Runtime, RuntimeConfig
 from stator.runtime.names import models_prefix
 from tests.procs import stator_process
@@ -60,7 +60,7 @@ async def test_worker_process_registers_serves_and_drains_on_sigterm(tmp_path, t
     )
     caller = await Runtime.create(RuntimeConfig(discovery=discovery))
     try:
-        client = await caller.client("stator.backend.generate")
+        client = await caller.client("stator.backend.generate", EngineOutput)
         (worker_id,) = await client.wait_for_instances(1, timeout=90)
 
         async def card():

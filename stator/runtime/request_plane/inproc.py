@@ -11,7 +11,13 @@ import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
-from stator.runtime.errors import CannotConnect, EndpointNotFound, RemoteError, StreamDisconnected
+from stator.runtime.errors import (
+    CannotConnect,
+    EndpointNotFound,
+    Migratable,
+    RemoteError,
+    StreamDisconnected,
+)
 from stator.runtime.request_plane.base import Handler, RequestClient, RequestServer
 
 _servers: dict[str, InprocServer] = {}
@@ -66,8 +72,8 @@ class InprocServer(RequestServer):
                     item = await gen.__anext__()
                 except StopAsyncIteration:
                     return
-                except StreamDisconnected:
-                    raise
+                except Migratable:
+                    raise  # the worker gave the stream up: the caller may migrate it
                 except Exception as exc:  # the handler's failure, reported to the caller
                     raise RemoteError(f"{type(exc).__name__}: {exc}") from exc
                 yield item

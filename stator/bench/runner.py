@@ -1,0 +1,243 @@
+"""Drives the load: warm-up, then one or more load points (closed loop, open loop, trace
+replay, multi-turn sessions), collecting a `RequestRecord` per request."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from stator.bench.client import RequestRecord, build_body, send
+from stator.bench.config import BenchConfig
+from stator.bench.metrics import parse_slos, summarize
+from stator.bench.prompts import PromptSource
+from stator.bench.schedule import arrival_times
+from stator.bench.workload import RequestSpec, from_trace, load_trace, synthetic
+
+Progress = Callable[[int], None]
+
+
+class PointResult(msgspec.Struct, kw_only=True):
+    label: str
+    mode: str  # concurrency | rate | trace | sessions
+    value: float
+    duration: float
+    records: list[RequestRecord]
+    summary: dict[str, Any]
+
+
+class BenchResult(msgspec.Struct, kw_only=True):
+    tag: str
+    url: str
+    model: str
+    endpoint: str
+    config: dict[str, Any]
+    points: list[PointResult]
+
+
+def _path(cfg: BenchConfig) -> str:
+    base = cfg.url.rstrip("/")
+    if not base.endswith("/v1"):
+        base += "/v1"
+    return base + ("/chat/completions" if cfg.endpoint == "chat" else "/completions")
+
+
+async def resolve_model(session: aiohttp.ClientSession, cfg: BenchConfig) -> str:
+    if cfg.model:
+        return cfg.model
+    base = cfg.url.rstrip("/").removesuffix("/v1")
+    async with session.get(base + "/v1/models") as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"GET {base}/v1/models answered {resp.status}; pass --model")
+        data = await resp.json()
+    models = [m["id"] for m in data.get("data", [])]
+    if not models:
+        raise RuntimeError(f"{base} serves no model yet; pass --model or wait for a worker")
+    return models[0]
+
+
+class _Sender:
+    def __init__(self, session: aiohttp.ClientSession, cfg: BenchConfig, model: str) -> None:
+        self.session, self.cfg, self.model = session, cfg, model
+        self.url = _path(cfg)
+        self.t0 = time.perf_counter()
+
+    async def one(
+        self,
+        spec: RequestSpec,
+        prompt: Any = None,
+        keep_text: bool = False,
+        session_id: int | None = None,
+        turn: int | None = None,
+    ) -> RequestRecord:
+        body = build_body(
+            self.cfg.endpoint,
+            self.model,
+            prompt if prompt is not None else spec.prompt,
+            spec.max_tokens,
+            self.cfg.stream,
+            self.cfg.ignore_eos,
+        )
+        record = RequestRecord(
+            index=spec.index, start=time.perf_counter() - self.t0, session=session_id, turn=turn
+        )
+        return await send(self.session, self.url, body, record, keep_text)
+
+
+async def closed_loop(
+    sender: _Sender, specs: list[RequestSpec], concurrency: int, progress: Progress
+) -> list[RequestRecord]:
+    queue = list(reversed(specs))
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        while queue:
+            records.append(await sender.one(queue.pop()))
+            progress(1)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(specs))))))
+    return records
+
+
+async def open_loop(
+    sender: _Sender,
+    specs: list[RequestSpec],
+    times: list[float],
+    max_concurrency: int | None,
+    progress: Progress,
+) -> list[RequestRecord]:
+    """Send spec i at times[i] seconds after the start, whatever is still running."""
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    start = time.perf_counter()
+
+    async def fire(spec: RequestSpec, at: float) -> RequestRecord:
+        delay = at - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if limit is None:
+            record = await sender.one(spec)
+        else:
+            async with limit:
+                record = await sender.one(spec)
+        progress(1)
+        return record
+
+    return list(await asyncio.gather(*(fire(s, t) for s, t in zip(specs, times, strict=True))))
+
+
+async def sessions_loop(
+    sender: _Sender, cfg: BenchConfig, progress: Progress, salt: str
+) -> list[RequestRecord]:
+    """Multi-turn: each conversation sends its turns one after another, each turn carrying
+    the whole history (the assistant's real answers included), so prefixes grow."""
+    source = PromptSource(cfg.seed, cfg.tokenizer)
+    records: list[RequestRecord] = []
+
+    async def conversation(sid: int) -> None:
+        history: list[dict[str, str]] = []
+        for turn in range(cfg.turns):
+            question = source.text(cfg.isl, f"session:{salt}:{sid}:{turn}")
+            history.append({"role": "user", "content": question})
+            spec = RequestSpec(
+                index=sid * cfg.turns + turn,
+                prompt=question,
+                max_tokens=cfg.osl,
+                input_tokens=cfg.isl,
+            )
+            prompt: Any = (
+                list(history) if cfg.endpoint == "chat" else "".join(m["content"] for m in history)
+            )
+            record = await sender.one(spec, prompt, keep_text=True, session_id=sid, turn=turn)
+            records.append(record)
+            progress(1)
+            if not record.ok:
+                return
+            history.append({"role": "assistant", "content": record.text})
+
+    await asyncio.gather(*(conversation(s) for s in range(cfg.sessions)))
+    return records
+
+
+def _points(cfg: BenchConfig) -> list[tuple[str, float]]:
+    if cfg.trace:
+        return [("trace", cfg.time_scale)]
+    if cfg.sessions:
+        return [("sessions", float(cfg.sessions))]
+    mode = "rate" if cfg.request_rate is not None else "concurrency"
+    values = cfg.sweep or [cfg.request_rate if mode == "rate" else cfg.concurrency]
+    return [(mode, float(v)) for v in values]
+
+
+async def run_point(
+    sender: _Sender, cfg: BenchConfig, mode: str, value: float, salt: str, progress: Progress
+) -> PointResult:
+    slos = parse_slos(cfg.slo)
+    start = time.perf_counter()
+    if mode == "trace":
+        assert cfg.trace is not None
+        specs = from_trace(cfg, load_trace(cfg.trace), limit=cfg.num_requests or None)
+        times = [s.arrival or 0.0 for s in specs]
+        records = await open_loop(sender, specs, times, cfg.max_concurrency, progress)
+    elif mode == "sessions":
+        records = await sessions_loop(sender, cfg, progress, salt)
+    elif mode == "rate":
+        specs = synthetic(cfg, cfg.num_requests, salt=salt)
+        times = arrival_times(value, len(specs), cfg.arrival, cfg.burstiness, cfg.seed)
+        records = await open_loop(sender, specs, times, cfg.max_concurrency, progress)
+    else:
+        specs = synthetic(cfg, cfg.num_requests, salt=salt)
+        records = await closed_loop(sender, specs, int(value), progress)
+    duration = time.perf_counter() - start
+    label = f"{mode}={value:g}"
+    records.sort(key=lambda r: (r.start, r.index))
+    return PointResult(
+        label=label,
+        mode=mode,
+        value=value,
+        duration=duration,
+        records=records,
+        summary=summarize(records, duration, slos),
+    )
+
+
+def requests_per_point(cfg: BenchConfig) -> int:
+    if cfg.sessions:
+        return cfg.sessions * cfg.turns
+    return cfg.num_requests
+
+
+async def run_benchmark(
+    cfg: BenchConfig,
+    progress: Progress | None = None,
+    on_point: Callable[[PointResult], None] | None = None,
+) -> BenchResult:
+    """Run the whole benchmark described by `cfg` and return every record and summary."""
+    parse_slos(cfg.slo)  # fail before sending anything
+    progress = progress or (lambda n: None)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(total=cfg.timeout)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        model = await resolve_model(session, cfg)
+        sender = _Sender(session, cfg, model)
+        if cfg.warmup:
+            warm = synthetic(cfg, cfg.warmup, salt="warmup")
+            await closed_loop(sender, warm, cfg.concurrency, lambda n: None)
+        points = []
+        for i, (mode, value) in enumerate(_points(cfg)):
+            point = await run_point(sender, cfg, mode, value, f"point{i}", progress)
+            points.append(point)
+            if on_point is not None:
+                on_point(point)
+    return BenchResult(
+        tag=cfg.tag or cfg.url,
+        url=cfg.url,
+        model=model,
+        endpoint=cfg.endpoint,
+        config=dataclasses.asdict(cfg),
+        points=points,
+    )

@@ -1,0 +1,386 @@
+"""`MockerEngine`: the scheduler, block manager and timing model behind the `Engine` API.
+
+One asyncio task per data-parallel rank runs steps: plan (scheduler), sleep the simulated
+step time, apply, then hand each sequence its sampled token. Tokens go into a per-request
+buffer and wake the request's stream; a stream that wakes late takes all buffered tokens
+at once, so a slow consumer costs one wake-up, not one per token. KV events are drained
+once per step, as one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from stator.engines.base import Engine, EngineDead, EngineError
+from stator.engines.mocker.block_manager import BlockManager
+from stator.engines.mocker.config import MockerConfig
+from stator.engines.mocker.output import TokenPlan
+from stator.engines.mocker.scheduler import Scheduler, Sequence
+from stator.engines.mocker.timing import PolynomialTiming, ProfileTiming, StepShape, StepTimer
+from stator.protocols import (
+    DisaggParams,
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    KvEvent,
+    LoadReport,
+    ModelCard,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+# Event batches kept for a slow (or absent) consumer before the oldest are dropped; the
+# event-id gap then tells the consumer to resync from `kv_state()`.
+MAX_PENDING_EVENT_BATCHES = 1024
+# How far (seconds) the simulated clock may run behind the wall clock before it gives up
+# catching up.
+MAX_CATCH_UP = 0.005
+
+
+@dataclass(eq=False)
+class _Stream:
+    """A request's outbox between the engine loop and its `generate` iterator."""
+
+    seq: Sequence
+    plan: TokenPlan
+    rank: _Rank
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    error: str | None = None
+    produced: int = 0
+    sent_first: bool = False
+    disagg: DisaggParams | None = None
+
+    def take(self) -> EngineOutput:
+        out = EngineOutput(token_ids=self.tokens, finish_reason=self.finish_reason)
+        self.tokens = []
+        if not self.sent_first:
+            out.cached_tokens = self.seq.num_cached or 0
+            self.sent_first = True
+        if self.finish_reason is not None:
+            out.stop_token_id = self.stop_token_id
+            out.error = self.error
+            out.disagg = self.disagg
+            out.usage = Usage(
+                prompt_tokens=self.seq.num_prompt,
+                completion_tokens=self.produced,
+                cached_tokens=self.seq.num_cached or 0,
+            )
+        return out
+
+
+@dataclass(eq=False)
+class _Rank:
+    index: int
+    blocks: BlockManager
+    scheduler: Scheduler
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+
+class MockerEngine(Engine):
+    def __init__(
+        self,
+        config: MockerConfig,
+        card: ModelCard,
+        *,
+        vocab_size: int,
+        kv_bytes_per_token: int,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.card = card
+        self.vocab_size = vocab_size
+        self.kv_bytes_per_token = kv_bytes_per_token
+        model = ProfileTiming.from_file(config.profile) if config.profile else PolynomialTiming()
+        self.timer = StepTimer(
+            model,
+            speedup_ratio=config.speedup_ratio,
+            decode_speedup_ratio=config.decode_speedup_ratio,
+            prefill_only=config.role == "prefill",
+        )
+        self.ranks = [
+            _Rank(
+                i,
+                blocks,
+                Scheduler(
+                    blocks,
+                    max_num_seqs=config.max_num_seqs,
+                    max_num_batched_tokens=config.max_num_batched_tokens,
+                    enable_chunked_prefill=config.enable_chunked_prefill,
+                ),
+            )
+            for i in range(config.data_parallel_size)
+            for blocks in [
+                BlockManager(
+                    config.num_gpu_blocks,
+                    config.block_size,
+                    enable_prefix_caching=config.enable_prefix_caching,
+                    dp_rank=i,
+                )
+            ]
+        ]
+        self._streams: dict[str, _Stream] = {}
+        self._events: asyncio.Queue[list[KvEvent]] = asyncio.Queue()
+        self._dead: str | None = None
+        self.num_requests = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.config.startup_time > 0:
+            await asyncio.sleep(self.config.startup_time)
+        for rank in self.ranks:
+            rank.blocks.worker_id = self.worker_id
+            rank.task = asyncio.create_task(self._run(rank), name=f"mocker-rank-{rank.index}")
+
+    async def shutdown(self) -> None:
+        for rank in self.ranks:
+            if rank.task is not None:
+                rank.task.cancel()
+        for rank in self.ranks:
+            if rank.task is not None:
+                try:
+                    await rank.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+                rank.task = None
+        for rid in list(self._streams):
+            await self.abort(rid)
+
+    async def health_check(self) -> None:
+        if self._dead:
+            raise EngineDead(self._dead)
+
+    # -- requests -------------------------------------------------------------------
+
+    def _validate(self, request: EngineRequest) -> int:
+        """Check a request; returns its max_tokens."""
+        if self._dead:
+            raise EngineDead(self._dead)
+        if not any(rank.task for rank in self.ranks):
+            raise EngineError("the mocker is not started")
+        if request.prompt_embeds is not None:
+            raise EngineError("the mocker does not accept prompt embeddings")
+        if request.lora_name:
+            raise EngineError(
+                f"the mocker serves no LoRA adapters (asked for {request.lora_name!r})"
+            )
+        n = len(request.token_ids)
+        if n == 0:
+            raise EngineError("empty prompt")
+        if request.request_id in self._streams:
+            raise EngineError(f"request id {request.request_id!r} is already running")
+        context = self.card.context_length
+        if n >= context:
+            raise EngineError(f"prompt has {n} tokens; the context length is {context}")
+        max_tokens = request.stop.max_tokens
+        if max_tokens is None:
+            max_tokens = context - n
+        elif max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}")
+        if self.config.role == "prefill":
+            max_tokens = 1
+        budget = self.config.max_num_batched_tokens
+        if not self.config.enable_chunked_prefill and n + max_tokens > budget:
+            # Without chunking a sequence (and its recompute after preemption) must fit in
+            # one step, or it would wait forever.
+            raise EngineError(
+                f"prompt ({n}) + max_tokens ({max_tokens}) exceeds --max-num-batched-tokens "
+                f"({budget}) and chunked prefill is off"
+            )
+        capacity = self.ranks[0].scheduler.max_tokens_admissible()
+        if n + max_tokens > capacity:
+            raise EngineError(
+                f"prompt ({n}) + max_tokens ({max_tokens}) exceeds the KV cache ({capacity} tokens)"
+            )
+        return max_tokens
+
+    def _pick_rank(self, request: EngineRequest) -> _Rank:
+        wanted = request.routing.dp_rank if request.routing else None
+        if wanted is not None and 0 <= wanted < len(self.ranks):
+            return self.ranks[wanted]
+        return min(self.ranks, key=lambda r: len(r.scheduler.running) + len(r.scheduler.waiting))
+
+    def transfer_seconds(self, num_tokens: int) -> float:
+        """Simulated time to pull `num_tokens` of KV from a prefill worker."""
+        bandwidth = self.config.kv_transfer_bandwidth * 1e9
+        if bandwidth <= 0 or self.config.speedup_ratio <= 0:
+            return 0.0
+        return num_tokens * self.kv_bytes_per_token / bandwidth / self.config.speedup_ratio
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        max_tokens = self._validate(request)
+        num_remote = 0
+        if self.config.role == "decode" and request.disagg is not None:
+            num_remote = request.disagg.num_prompt_tokens or len(request.token_ids)
+            num_remote = min(num_remote, len(request.token_ids))
+            delay = self.transfer_seconds(num_remote)
+            if delay > 0:
+                await asyncio.sleep(delay)
+        rank = self._pick_rank(request)
+        seq = Sequence(
+            request.request_id,
+            list(request.token_ids),
+            len(request.token_ids),
+            num_remote=num_remote,
+        )
+        plan = TokenPlan(request, self.config.output_mode, self.vocab_size, max_tokens)  # type: ignore[arg-type]
+        stream = _Stream(seq, plan, rank)
+        self._streams[request.request_id] = stream
+        self.num_requests += 1
+        rank.scheduler.add(seq)
+        rank.wake.set()
+        finished = False
+        try:
+            while not finished:
+                await stream.ready.wait()
+                stream.ready.clear()
+                out = stream.take()
+                finished = out.finish_reason is not None
+                yield out
+        finally:
+            if self._streams.get(request.request_id) is stream:
+                del self._streams[request.request_id]
+            if not seq.finished:  # the caller went away: free the blocks now
+                rank.scheduler.abort(seq)
+                self._publish(rank)
+
+    async def abort(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None or stream.finish_reason is not None:
+            return
+        stream.rank.scheduler.abort(stream.seq)
+        self._publish(stream.rank)
+        stream.finish_reason = "abort"
+        stream.ready.set()
+
+    # -- the step loop --------------------------------------------------------------
+
+    async def _run(self, rank: _Rank) -> None:
+        try:
+            await self._loop(rank)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in the mocker: fail every stream, report dead
+            log.exception("mocker rank %d failed", rank.index)
+            self._dead = f"mocker rank {rank.index} failed: {exc!r}"
+            for stream in list(self._streams.values()):
+                if stream.finish_reason is None:
+                    stream.finish_reason = "error"
+                    stream.error = self._dead
+                    stream.ready.set()
+
+    async def _loop(self, rank: _Rank) -> None:
+        loop = asyncio.get_running_loop()
+        scheduler, blocks, timer = rank.scheduler, rank.blocks, self.timer
+        # Simulated clock: when the previous step ended. Steps run back to back are laid
+        # end to end on it, so the event loop's timer lateness (about 0.1–1 ms per sleep)
+        # does not add up over a stream; after idling it restarts from now.
+        clock = loop.time()
+        while True:
+            if not scheduler.has_work:
+                rank.wake.clear()
+                await rank.wake.wait()
+                clock = loop.time()
+            step = scheduler.schedule()
+            if step.empty:
+                if not step.preempted:  # nothing fits now; wait for a change
+                    rank.wake.clear()
+                    await rank.wake.wait()
+                    clock = loop.time()
+                continue
+            shape = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
+            self._publish(rank)  # evictions made by this step's allocations
+            now = loop.time()
+            # Never owe more than MAX_CATCH_UP: a starved process should run slow, not
+            # burst many steps at once.
+            clock = max(clock, now - MAX_CATCH_UP) + timer.step_seconds(shape)
+            # Sleep the step; at speedup 0 still yield so streams and arrivals get a turn.
+            await asyncio.sleep(clock - now if clock > now else 0)
+            for seq in scheduler.complete(step):
+                self._emit(rank, seq)
+            self._publish(rank)
+
+    def _emit(self, rank: _Rank, seq: Sequence) -> None:
+        stream = self._streams.get(seq.request_id)
+        if stream is None or stream.seq is not seq:
+            rank.scheduler.abort(seq)
+            return
+        token = stream.plan.next_token()
+        stream.produced = produced = seq.num_generated + 1
+        reason, visible = stream.plan.finish(token, produced)
+        if visible:
+            stream.tokens.append(token)
+        if reason is None:
+            rank.scheduler.append_token(seq, token)
+        else:
+            rank.scheduler.finish(seq)
+            stream.finish_reason = reason
+            if reason == "stop":
+                stream.stop_token_id = token
+            if self.config.role == "prefill":
+                stream.disagg = self._disagg_params(rank, seq)
+        stream.ready.set()
+
+    def _disagg_params(self, rank: _Rank, seq: Sequence) -> DisaggParams:
+        n = seq.num_prompt
+        return DisaggParams(
+            prefill_worker_id=self.worker_id,
+            remote_block_ids=seq.block_hashes[: n // self.config.block_size],
+            num_prompt_tokens=n,
+            transfer={"dp_rank": rank.index, "kv_bytes": n * self.kv_bytes_per_token},
+        )
+
+    def _publish(self, rank: _Rank) -> None:
+        events = rank.blocks.drain_events()
+        if not events:
+            return
+        if self._events.qsize() >= MAX_PENDING_EVENT_BATCHES:
+            self._events.get_nowait()
+        self._events.put_nowait(events)
+
+    # -- state for the worker host --------------------------------------------------
+
+    def model_card(self) -> ModelCard:
+        return self.card
+
+    def load(self) -> list[LoadReport]:
+        return [
+            LoadReport(
+                worker_id=self.worker_id,
+                dp_rank=rank.index,
+                active_kv_blocks=rank.blocks.num_active_blocks,
+                total_kv_blocks=rank.blocks.num_blocks,
+                num_waiting=len(rank.scheduler.waiting),
+                num_running=len(rank.scheduler.running),
+                queued_prefill_tokens=rank.scheduler.queued_prefill_tokens(),
+            )
+            for rank in self.ranks
+        ]
+
+    async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        while True:
+            yield await self._events.get()
+
+    def kv_state(self) -> list[KvEvent]:
+        return [event for rank in self.ranks for event in rank.blocks.kv_state()]
+
+    async def clear_kv(self) -> None:
+        for rank in self.ranks:
+            rank.blocks.clear()
+            self._publish(rank)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "mocker_requests_total": self.num_requests,
+            "mocker_preemptions_total": sum(r.scheduler.num_preemptions for r in self.ranks),
+            "mocker_cached_blocks": sum(r.blocks.num_cached_blocks for r in self.ranks),
+            "mocker_active_blocks": sum(r.blocks.num_active_blocks for r in self.ranks),
+        }

@@ -1,0 +1,148 @@
+"""The native engine's flags (`NativeConfig`) and the model's shape read from `config.json`
+(`ModelSpec`), so nothing below this module reads a Hugging Face config dict."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stator.config import option
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'4GiB', '512MB', '1e9'-free plain integers -> bytes. Binary units for the 'i' forms."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a memory size: {text!r} (try 2GiB, 512MiB or a byte count)")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    scale = 1024 ** ("kmgt".index(unit[0]) + 1) if "i" in unit else _UNITS[unit[:1]]
+    return int(number * scale)
+
+
+@dataclass
+class NativeConfig:
+    dtype: str = option(
+        "auto",
+        "Weight and KV dtype; auto = the checkpoint's dtype on CUDA, float32 on the CPU",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    device: str = option(
+        "auto", "Where to run; auto = cuda when available", choices=["auto", "cpu", "cuda"]
+    )
+    block_size: int = option(16, "Tokens per KV cache block")
+    kv_cache_memory: str = option(
+        "",
+        "Bytes for the KV cache (e.g. 2GiB); empty = --gpu-memory-utilization on CUDA, "
+        "1GiB on the CPU",
+    )
+    gpu_memory_utilization: float = option(
+        0.9, "Fraction of the GPU's memory the engine may use in all (weights + KV cache)"
+    )
+    max_num_seqs: int = option(256, "Most sequences in one batch")
+    max_num_batched_tokens: int = option(8192, "Token budget of one engine step")
+    max_prefill_chunk: int = option(
+        0, "Most prompt tokens one request may compute per step (0 = up to the step budget)"
+    )
+    max_model_len: int = option(0, "Context length (0 = the model's max_position_embeddings)")
+    enable_prefix_caching: bool = option(True, "Reuse KV blocks of earlier prompts")
+    seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")
+    cpu_threads: int = option(0, "torch intra-op threads on the CPU (0 = torch's default)")
+
+
+_DTYPE_NAMES = {"float32", "bfloat16", "float16"}
+
+
+@dataclass
+class ModelSpec:
+    """The shape of a decoder-only transformer, from its `config.json`."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    sliding_window: int | None
+    checkpoint_dtype: str
+    eos_token_ids: list[int]
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelSpec:
+        model_dir = Path(model_dir)
+        path = model_dir / "config.json"
+        if not path.is_file():
+            raise ValueError(
+                f"{model_dir} has no config.json; is it a Hugging Face model directory?"
+            )
+        cfg = json.loads(path.read_text())
+        gen_path = model_dir / "generation_config.json"
+        gen = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+        return cls.from_dicts(cfg, gen)
+
+    @classmethod
+    def from_dicts(cls, cfg: dict[str, Any], gen: dict[str, Any]) -> ModelSpec:
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ValueError("config.json names no architecture ('architectures' is empty)")
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        # transformers 5 moved rope_theta and rope_scaling into one `rope_parameters` dict.
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        rope_scaling = None if rope_type == "default" else {**rope, "rope_type": rope_type}
+        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+        window = cfg.get("sliding_window")
+        if cfg.get("use_sliding_window") is False:  # Qwen2/3 carry a window they do not use
+            window = None
+        return cls(
+            architecture=archs[0],
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            sliding_window=int(window) if window else None,
+            checkpoint_dtype=dtype if dtype in _DTYPE_NAMES else "float32",
+            eos_token_ids=_eos_ids(cfg, gen),
+            generation_defaults={
+                k: gen[k]
+                for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+                if gen.get(k) is not None
+            },
+            raw=cfg,
+        )
+
+
+def _eos_ids(cfg: dict[str, Any], gen: dict[str, Any]) -> list[int]:
+    out: list[int] = []
+    for source in (gen.get("eos_token_id"), cfg.get("eos_token_id")):
+        for value in source if isinstance(source, list) else [source]:
+            if value is not None and int(value) not in out:
+                out.append(int(value))
+    return out

@@ -1,0 +1,290 @@
+"""`NativeEngine`: the `Engine` the worker host serves, around the synchronous core.
+
+One asyncio task drives the core: it runs each `step()` in a dedicated thread (the event
+loop stays responsive while the model computes) and routes the step's outputs to
+per-request queues. Anything else that changes the core (add, abort, clear) runs on the
+event loop between two steps, so the core is never touched by two threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from stator.engines.base import Engine, EngineDead, EngineError
+from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.engine_core import EngineCore
+from stator.engines.native.models import model_class
+from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, ModelCard, Usage
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+class NativeEngine(Engine):
+    def __init__(self, config: NativeConfig, model_path: str, served_name: str) -> None:
+        self.config = config
+        self.model_path = str(model_path)
+        self.served_name = served_name
+        # Fail fast on a directory we cannot serve (missing config, unknown architecture).
+        model_class(ModelSpec.from_dir(model_path).architecture)
+        self.core: EngineCore | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="native-step")
+        self._streams: dict[str, asyncio.Queue[EngineOutput]] = {}
+        self._deferred: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
+        self._wakeup = asyncio.Event()
+        self._stepping = False
+        self._dead: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._subscribers: list[asyncio.Queue[list[KvEvent]]] = []
+        self._load: LoadReport | None = None
+        self._step_lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.core = await loop.run_in_executor(
+            self._executor,
+            lambda: EngineCore(self.config, self.model_path, worker_id=self.worker_id),
+        )
+        self._refresh_load()
+        self._task = asyncio.create_task(self._run(), name="native-engine-loop")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for rid in list(self._streams):
+            self._finish_stream(rid, EngineOutput(finish_reason="abort"))
+        self._executor.shutdown(wait=True)
+
+    async def health_check(self) -> None:
+        if self._dead is not None:
+            raise EngineDead(self._dead)
+        if self._task is None or self._task.done():
+            raise EngineDead("the native engine loop is not running")
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        core = self._core()
+        rid = request.request_id
+        if rid in self._streams:
+            raise EngineError(f"request id {rid!r} is already running")
+        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self._streams[rid] = queue
+        try:
+            await self._between_steps(lambda: core.add_request(request))
+        except BaseException:
+            self._streams.pop(rid, None)
+            raise
+        self._refresh_load()
+        self._wakeup.set()
+        try:
+            while True:
+                out = await queue.get()
+                yield out
+                if out.finish_reason is not None:
+                    return
+        finally:
+            if rid in self._streams:  # the caller stopped reading: free the request now
+                self._streams.pop(rid, None)
+                await self.abort(rid)
+
+    async def abort(self, request_id: str) -> None:
+        core = self.core
+        if core is None:
+            return
+        seq = core.seqs.get(request_id)
+        usage = None
+        if seq is not None:  # a snapshot; the step thread may be one token ahead
+            usage = Usage(
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=seq.num_emitted,
+                cached_tokens=seq.num_cached_tokens or 0,
+            )
+        self._finish_stream(request_id, EngineOutput(finish_reason="abort", usage=usage))
+        await self._between_steps(lambda: core.abort(request_id))
+        self._after_change()
+
+    # -- state ---------------------------------------------------------------------------
+
+    def model_card(self) -> ModelCard:
+        core = self._core()
+        return ModelCard(
+            name=self.served_name,
+            source_path=self.model_path,
+            tokenizer_files=[
+                str(Path(self.model_path) / name)
+                for name in TOKENIZER_FILES
+                if (Path(self.model_path) / name).is_file()
+            ],
+            chat_template=read_chat_template(self.model_path),
+            context_length=core.max_model_len,
+            kv_block_size=self.config.block_size,
+            total_kv_blocks=core.blocks.num_blocks,
+            max_num_seqs=self.config.max_num_seqs,
+            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            eos_token_ids=list(core.spec.eos_token_ids),
+            engine="native",
+        )
+
+    def load(self) -> list[LoadReport]:
+        if self._load is None:
+            return [LoadReport(worker_id=self.worker_id)]
+        return [self._load]
+
+    async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
+        queue: asyncio.Queue[list[KvEvent]] = asyncio.Queue()
+        self._subscribers.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.remove(queue)
+
+    def kv_state(self) -> list[KvEvent]:
+        # The step thread holds the lock while it changes the cache (at most one step).
+        with self._step_lock:
+            return self._core().kv_state()
+
+    async def clear_kv(self) -> None:
+        await self._between_steps(self._core().clear_kv)
+        self._after_change()
+
+    def metrics(self) -> dict[str, Any]:
+        core = self.core
+        if core is None:
+            return {}
+        return {
+            "native_kv_blocks_used": core.blocks.num_used_blocks,
+            "native_kv_blocks_total": core.blocks.num_blocks,
+        }
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        core = self._core()
+        loop = asyncio.get_running_loop()
+        while True:
+            self._run_deferred()
+            if not core.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            self._stepping = True
+            try:
+                outputs = await loop.run_in_executor(self._executor, self._locked_step)
+            except Exception as exc:
+                log.exception("native engine step failed")
+                self._die(f"engine step failed: {exc!r}")
+                return
+            finally:
+                self._stepping = False
+            for rid, out in outputs:
+                if out.finish_reason is not None:
+                    self._finish_stream(rid, out)
+                else:
+                    queue = self._streams.get(rid)
+                    if queue is not None:
+                        queue.put_nowait(out)
+            self._after_change()
+            # Yield to the event loop so that consumers and new requests get a turn.
+            await asyncio.sleep(0)
+
+    def _locked_step(self) -> list[tuple[str, EngineOutput]]:
+        with self._step_lock:
+            return self._core().step()
+
+    async def _between_steps(self, fn: Callable[[], T]) -> T:
+        if self._dead is not None:
+            raise EngineDead(self._dead)
+        if not self._stepping:
+            return fn()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._deferred.append((fn, future))
+        return await future
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for fn, future in deferred:
+            if future.done():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:
+                future.set_exception(exc)
+        if deferred:
+            self._after_change()
+
+    def _after_change(self) -> None:
+        core = self.core
+        if core is None:
+            return
+        self._refresh_load()
+        events = core.drain_kv_events()
+        if events:
+            for queue in self._subscribers:
+                queue.put_nowait(events)
+
+    def _refresh_load(self) -> None:
+        if self.core is not None and not self._stepping:
+            self._load = self.core.load(self.worker_id)
+
+    def _finish_stream(self, rid: str, out: EngineOutput) -> None:
+        queue = self._streams.pop(rid, None)
+        if queue is not None:
+            queue.put_nowait(out)
+
+    def _die(self, reason: str) -> None:
+        self._dead = reason
+        for rid in list(self._streams):
+            self._finish_stream(rid, EngineOutput(finish_reason="error", error=reason))
+        for _fn, future in self._deferred:
+            if not future.done():
+                future.set_exception(EngineDead(reason))
+        self._deferred = []
+
+    def _core(self) -> EngineCore:
+        if self._dead is not None:
+            raise EngineDead(self._dead)
+        if self.core is None:
+            raise RuntimeError("the engine is not started (call start() first)")
+        return self.core
+
+
+def read_chat_template(model_dir: str | Path) -> str | None:
+    model_dir = Path(model_dir)
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text()
+    config = model_dir / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    template = json.loads(config.read_text()).get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        named = {t.get("name"): t.get("template") for t in template}
+        return named.get("default") or next(iter(named.values()), None)
+    return template

@@ -1,0 +1,199 @@
+"""The synchronous engine: requests in, one `step()` at a time, `EngineOutput` deltas out.
+
+No asyncio and no threads here: the async `NativeEngine` and the offline `LLM` both drive
+this core, which keeps it deterministic and easy to test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stator.engines.base import EngineError
+from stator.engines.native.attention import AttentionBackend
+from stator.engines.native.block_manager import BlockManager
+from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.model_runner import ModelRunner
+from stator.engines.native.params import resolve_sampling, validate_request
+from stator.engines.native.request import Sequence
+from stator.engines.native.sampler import Sampler, gather_logprobs
+from stator.engines.native.scheduler import Scheduler
+from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
+
+
+@dataclass
+class _PromptLogprobRows:
+    seq: Sequence
+    first_row: int  # row in the logits tensor
+    first_target: int  # prompt position of the first token these rows predict
+    count: int
+
+
+class EngineCore:
+    def __init__(
+        self,
+        config: NativeConfig,
+        model_dir: str | Path,
+        *,
+        worker_id: int = 0,
+        backend: AttentionBackend | None = None,
+    ) -> None:
+        self.config = config
+        self.spec = ModelSpec.from_dir(model_dir)
+        if config.block_size < 1:
+            raise ValueError(f"--block-size must be positive, got {config.block_size}")
+        self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
+        self.runner = ModelRunner(self.spec, config, model_dir, self.max_model_len, backend)
+        self.blocks = BlockManager(
+            self.runner.num_blocks,
+            config.block_size,
+            prefix_caching=config.enable_prefix_caching,
+            worker_id=worker_id,
+        )
+        self.scheduler = Scheduler(
+            self.blocks,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_prefill_chunk=config.max_prefill_chunk,
+        )
+        self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
+        # A sequence never outgrows the whole cache, so it can always run alone.
+        self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)
+        self.seqs: dict[str, Sequence] = {}
+
+    # -- requests ------------------------------------------------------------------------
+
+    def add_request(self, request: EngineRequest) -> None:
+        if request.request_id in self.seqs:
+            raise EngineError(f"request id {request.request_id!r} is already running")
+        validate_request(request, self.spec, self.max_total_tokens)
+        sampling = resolve_sampling(request, self.spec, self.max_total_tokens)
+        seq = Sequence(
+            request_id=request.request_id,
+            token_ids=list(request.token_ids),
+            num_prompt_tokens=len(request.token_ids),
+            sampling=sampling,
+            max_total_tokens=self.max_total_tokens,
+        )
+        if sampling.seed is not None:
+            seq.generator = torch.Generator(device=self.runner.device)
+            seq.generator.manual_seed(sampling.seed)
+        if sampling.prompt_logprobs is not None:
+            seq.prompt_logprobs.append(None)  # the first prompt token has no context
+        self.seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request and free its blocks now. False when the id is unknown."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.remove(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[tuple[str, EngineOutput]]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        sample_seqs: list[Sequence] = []
+        rows: list[int] = []  # flat token index of each logits row
+        sample_idx: list[int] = []  # which logits rows are sampled
+        prompt_rows: list[_PromptLogprobRows] = []
+        offset = 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            start = seq.num_computed_tokens
+            if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
+                # Position p's logits predict prompt token p + 1.
+                end = min(start + n, seq.num_prompt_tokens - 1)
+                prompt_rows.append(_PromptLogprobRows(seq, len(rows), start + 1, end - start))
+                rows.extend(range(offset, offset + end - start))
+            if start + n == seq.num_tokens:
+                sample_seqs.append(seq)
+                sample_idx.append(len(rows))
+                rows.append(offset + n - 1)
+            offset += n
+        inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens, rows)
+        logits = self.runner.execute(inputs)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.blocks.commit(seq)
+        for pr in prompt_rows:
+            self._add_prompt_logprobs(pr, logits)
+        if not sample_seqs:
+            return []
+        result = self.sampler.sample(logits[sample_idx], sample_seqs)
+        outputs = []
+        for seq, token, logprob in zip(sample_seqs, result.token_ids, result.logprobs, strict=True):
+            outputs.append((seq.request_id, self._append_token(seq, token, logprob)))
+        return outputs
+
+    def _add_prompt_logprobs(self, pr: _PromptLogprobRows, logits: torch.Tensor) -> None:
+        seq = pr.seq
+        lp = torch.log_softmax(logits[pr.first_row : pr.first_row + pr.count], dim=-1)
+        targets = torch.tensor(
+            seq.token_ids[pr.first_target : pr.first_target + pr.count], device=lp.device
+        )
+        entries = gather_logprobs(lp, targets, [seq.sampling.prompt_logprobs] * pr.count)
+        for i, entry in enumerate(entries):
+            # After a preemption the prompt is recomputed; keep the first copy.
+            if pr.first_target + i == len(seq.prompt_logprobs):
+                seq.prompt_logprobs.append(entry)
+
+    def _append_token(
+        self, seq: Sequence, token: int, logprob: TokenLogprob | None
+    ) -> EngineOutput:
+        sp = seq.sampling
+        seq.token_ids.append(token)
+        out = EngineOutput(token_ids=[token])
+        if sp.logprobs is not None and logprob is not None:
+            out.logprobs = [logprob]
+        if seq.num_emitted == 0:
+            out.cached_tokens = seq.num_cached_tokens or 0
+            if sp.prompt_logprobs is not None:
+                out.prompt_logprobs = seq.prompt_logprobs
+        seq.num_emitted += 1
+        done_min = seq.num_output_tokens >= sp.min_tokens
+        if token in sp.hidden_stop_token_ids and done_min:
+            out.token_ids, out.logprobs = [], None
+            out.finish_reason, out.stop_token_id = "stop", token
+        elif token in sp.stop_token_ids and done_min:
+            out.finish_reason, out.stop_token_id = "stop", token
+        elif seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+            out.finish_reason = "length"
+        if out.finish_reason is not None:
+            out.usage = Usage(
+                prompt_tokens=seq.num_prompt_tokens,
+                completion_tokens=seq.num_output_tokens,
+                cached_tokens=seq.num_cached_tokens or 0,
+            )
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.remove(seq)
+        return out
+
+    # -- state for the worker host -------------------------------------------------------
+
+    def load(self, worker_id: int) -> LoadReport:
+        return LoadReport(
+            worker_id=worker_id,
+            active_kv_blocks=self.blocks.num_used_blocks,
+            total_kv_blocks=self.blocks.num_blocks,
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            queued_prefill_tokens=self.scheduler.queued_prefill_tokens(),
+        )
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        return self.blocks.drain_events()
+
+    def kv_state(self) -> list[KvEvent]:
+        return self.blocks.kv_state()
+
+    def clear_kv(self) -> None:
+        self.blocks.clear()

@@ -1,0 +1,144 @@
+"""Building blocks of the decoder models: norms, rotary embeddings, the gated MLP and the
+linear layers that know how to load their (fused) weights from a checkpoint."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel; same arithmetic in float32
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # Normalize in float32 and scale in the input dtype, as the reference models do.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard: Any = None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"weight shape {tuple(loaded.shape)} != expected {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose parameters carry a `weight_loader` (how a checkpoint tensor lands)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        for p in self.parameters():
+            p.weight_loader = self.load_shard  # type: ignore[attr-defined]
+
+    def shard_slices(self) -> dict[Any, slice]:
+        return {}
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: Any = None) -> None:
+        if shard is None:
+            _default_loader(param, loaded)
+            return
+        rows = self.shard_slices()[shard]
+        target = param.data[rows]
+        if target.shape != loaded.shape:
+            raise ValueError(
+                f"shard {shard!r}: shape {tuple(loaded.shape)} != expected {tuple(target.shape)}"
+            )
+        target.copy_(loaded)
+
+
+class MergedLinear(Linear):
+    """Several projections of one input fused into one matmul (q/k/v, gate/up); a
+    checkpoint's separate tensors are loaded into consecutive row ranges."""
+
+    def __init__(self, in_features: int, shards: dict[Any, int], bias: bool = False) -> None:
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self._slices: dict[Any, slice] = {}
+        start = 0
+        for name, size in shards.items():
+            self._slices[name] = slice(start, start + size)
+            start += size
+        self.sizes = list(shards.values())
+        for p in self.parameters():
+            p.shard_ids = list(shards)  # type: ignore[attr-defined]  (all must be loaded)
+
+    def shard_slices(self) -> dict[Any, slice]:
+        return self._slices
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), with gate and up fused."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, {0: intermediate, 1: intermediate})
+        self.down_proj = Linear(intermediate, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies of rotary embeddings, with the supported scaling schemes."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    kind = scaling["rope_type"]
+    factor = float(scaling.get("factor", 1.0))
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        # Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+    raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half rotary embeddings with a precomputed cos/sin table per position."""
+
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+        # One table lookup per step, shared by every layer (positions are the same tensor).
+        self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._cached
+        if cached is not None and cached[0] is positions and cached[1] == q.dtype:
+            cos, sin = cached[2], cached[3]
+        else:
+            cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
+            sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+            self._cached = (positions, q.dtype, cos, sin)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

@@ -1,0 +1,75 @@
+"""Load a Hugging Face checkpoint (single or sharded safetensors) into a native model.
+
+Loading is data: each checkpoint tensor name is mapped through the model's
+`packed_modules` table to a parameter and a shard, and the parameter's own `weight_loader`
+puts it in place. Every parameter must be loaded exactly once; anything else is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+# Buffers some checkpoints carry that the model recomputes itself.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors weights")
+    return files
+
+
+def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open has no __iter__)
+                yield name, f.get_tensor(name)
+
+
+def load_weights(model: nn.Module, model_dir: str | Path) -> None:
+    params = dict(model.named_parameters())
+    packed: dict[str, tuple[str, object]] = getattr(model, "packed_modules", {})
+    tied = bool(getattr(getattr(model, "spec", None), "tie_word_embeddings", False))
+    loaded: set[tuple[str, object]] = set()
+    for name, tensor in iter_tensors(model_dir):
+        if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            continue
+        target, shard = name, None
+        for ckpt_part, (fused_part, shard_id) in packed.items():
+            if f".{ckpt_part}." in name:
+                target, shard = name.replace(f".{ckpt_part}.", f".{fused_part}."), shard_id
+                break
+        param = params.get(target)
+        if param is None:
+            raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+        loader = getattr(param, "weight_loader", None)
+        with torch.no_grad():
+            if loader is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(
+                        f"{name}: shape {tuple(tensor.shape)} != expected {tuple(param.shape)}"
+                    )
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor, shard)
+        loaded.add((target, shard))
+    missing = [
+        f"{n}[{shard}]" if shard is not None else n
+        for n, p in params.items()
+        for shard in getattr(p, "shard_ids", [None])
+        if (n, shard) not in loaded
+    ]
+    if missing:
+        raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:8])}")

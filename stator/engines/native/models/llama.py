@@ -1,0 +1,138 @@
+"""Llama-style decoders (Llama 2/3, Mistral); Qwen2 and Qwen3 are variants of it.
+
+Variants set class attributes instead of re-implementing layers: `qkv_bias` (Qwen2),
+`qk_norm` (Qwen3: RMSNorm per head on q and k before RoPE). Parameter names mirror the
+Hugging Face checkpoints except the fused `qkv_proj` and `gate_up_proj`, which
+`packed_modules` maps (checkpoint name -> fused parameter, shard).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stator.engines.native.attention import AttentionBackend
+from stator.engines.native.config import ModelSpec
+from stator.engines.native.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding
+from stator.engines.native.models.registry import register
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        backend: AttentionBackend,
+        rotary: RotaryEmbedding,
+        *,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(
+            spec.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
+        )
+        self.o_proj = Linear(q_size, spec.hidden_size, bias=o_bias)
+        self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if qk_norm else None
+        self.rotary = rotary
+        self.backend = backend
+        self.scale = self.head_dim**-0.5
+        # The paged cache of this layer, [num_blocks, block_size, Hkv, D]; set by the runner.
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        self.backend.store(k, v, self.k_cache, self.v_cache)
+        out = self.backend.attend(q, k, v, self.k_cache, self.v_cache, self.scale)
+        return self.o_proj(out.flatten(1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: Attention) -> None:
+        super().__init__()
+        self.self_attn = attention
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, spec: ModelSpec, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)
+
+
+@register("LlamaForCausalLM", "MistralForCausalLM")
+class LlamaForCausalLM(nn.Module):
+    qkv_bias: bool | None = None  # None: follow config.json's `attention_bias`
+    o_bias: bool | None = None
+    qk_norm = False
+
+    #: checkpoint module name -> (fused module name, shard)
+    packed_modules = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, spec: ModelSpec, backend: AttentionBackend, max_positions: int) -> None:
+        super().__init__()
+        self.spec = spec
+        act = spec.raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(
+                f"{spec.architecture}: hidden_act {act!r} is not supported (silu only)"
+            )
+        if spec.raw.get("mlp_bias"):
+            raise ValueError(f"{spec.architecture}: mlp_bias=true is not supported")
+        rotary = RotaryEmbedding(spec.head_dim, max_positions, spec.rope_theta, spec.rope_scaling)
+        qkv_bias = spec.attention_bias if self.qkv_bias is None else self.qkv_bias
+        o_bias = spec.attention_bias if self.o_bias is None else self.o_bias
+        layers = [
+            DecoderLayer(
+                spec,
+                Attention(
+                    spec, backend, rotary, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm
+                ),
+            )
+            for _ in range(spec.num_layers)
+        ]
+        self.model = DecoderModel(spec, layers)
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, hidden] for the flattened batch of the current step."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.model.layers]

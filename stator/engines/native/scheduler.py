@@ -1,0 +1,118 @@
+"""Continuous batching: which sequences compute how many tokens in the next step.
+
+Every step has a token budget. Running sequences go first, oldest first: a decoding one
+takes one token, a prefilling one a chunk of its prompt. Waiting sequences are then
+admitted while the budget, `max_num_seqs` and the free KV blocks allow, so prefill chunks
+and decodes share a step. When a running sequence cannot get a block, the most recently
+admitted one is preempted: its blocks are freed and it is recomputed later (its cached
+full blocks usually survive in the prefix cache, which makes the recompute cheap).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from stator.engines.native.block_manager import BlockManager
+from stator.engines.native.request import Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_prefill_chunk: int = 0,
+    ) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_chunk = max_prefill_chunk
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out (finished or aborted) and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq)
+        seq.status = Status.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def queued_prefill_tokens(self) -> int:
+        return sum(s.num_tokens - s.num_computed_tokens for s in self.waiting)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._chunk(seq, budget)
+            while not self.blocks.grow(seq, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+        if batch.preempted:
+            return batch  # memory is short: do not admit anything new this step
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = self._chunk(seq, budget)
+            if not self.blocks.admit(seq, n):
+                break
+            self.waiting.popleft()
+            # The prefix cache may have covered part of the chunk.
+            n = min(n, seq.num_tokens - seq.num_computed_tokens)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        return batch
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        if self.max_prefill_chunk > 0:
+            n = min(n, self.max_prefill_chunk)
+        return n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
+        self.blocks.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)

@@ -1,0 +1,164 @@
+"""The FastAPI app: OpenAI routes, models, health, liveness and metrics.
+
+`create_app(manager, metrics, config)` builds it around a running `ModelManager`; the
+serving (uvicorn) lives in `server.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from stator.frontend import errors
+from stator.frontend.chat import create_chat_completion
+from stator.frontend.completions import create_completion
+from stator.frontend.config import FrontendConfig
+from stator.frontend.metrics import FrontendMetrics
+from stator.frontend.model_manager import ModelManager
+from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from stator.frontend.pipeline import ModelPipeline
+from stator.frontend.request_context import RequestContextMiddleware
+from stator.frontend.responses import ModelList, ModelObject, to_json
+from stator.logs import request_id_var
+
+log = logging.getLogger(__name__)
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def _parse(request: Request, model: type[Body]) -> Body:
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise errors.validation_error(exc.errors()) from None
+
+
+_SCHEMA_REF = "#/components/schemas/{model}"
+
+
+def _request_body(model: type[BaseModel]) -> dict:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": _SCHEMA_REF.format(model=model.__name__)}}
+            },
+        }
+    }
+
+
+def _install_openapi(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Add the self-parsed request bodies' schemas to the generated document."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            document = generate()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(ref_template=_SCHEMA_REF)
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+        return app.openapi_schema or document
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _json(obj: object, status: int = 200) -> Response:
+    return Response(to_json(obj), status_code=status, media_type="application/json")
+
+
+def create_app(
+    manager: ModelManager, metrics: FrontendMetrics, config: FrontendConfig | None = None
+) -> FastAPI:
+    config = config or FrontendConfig()
+    app = FastAPI(
+        title="stator",
+        description="OpenAI-compatible LLM serving",
+        version="0.1.0",
+    )
+    errors.install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    app.state.manager = manager
+    app.state.metrics = metrics
+
+    async def resolve(model: str) -> ModelPipeline:
+        if model not in manager.models and config.model_wait_timeout > 0:
+            try:
+                await manager.wait_for_model(model, config.model_wait_timeout)
+            except TimeoutError:
+                pass
+        try:
+            pipeline = await manager.pipeline(model)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("cannot build the pipeline of %s", model)
+            raise errors.ApiError(
+                500,
+                f"Model `{model}` cannot be served: its files failed to load ({exc}).",
+                type="internal_server_error",
+                code="model_load_failed",
+            ) from exc
+        if pipeline is None:
+            raise errors.model_not_found(model)
+        return pipeline
+
+    # The generation routes parse their body themselves: pydantic-core validates the raw
+    # JSON in one pass, where FastAPI's body handling (json.loads, then validation, then
+    # its dependency machinery) cost several times more per request. The schema is still
+    # published in /openapi.json.
+    @app.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        pipeline = await resolve(body.model)
+        return await create_chat_completion(body, pipeline, request_id_var.get(), request.receive)
+
+    @app.post("/v1/completions", openapi_extra=_request_body(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        pipeline = await resolve(body.model)
+        return await create_completion(body, pipeline, request_id_var.get(), request.receive)
+
+    def model_object(name: str) -> ModelObject:
+        entry = manager.models[name]
+        return ModelObject(id=name, created=entry.created, max_model_len=entry.card.context_length)
+
+    @app.get("/v1/models")
+    async def list_models() -> Response:
+        return _json(ModelList(data=[model_object(name) for name in manager.names()]))
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> Response:
+        if model_id not in manager.models:
+            raise errors.model_not_found(model_id)
+        return _json(model_object(model_id))
+
+    @app.get("/health")
+    async def health() -> Response:
+        instances = manager.live_instances()
+        live = any(instances.values())
+        body = {
+            "status": "healthy" if live else "unhealthy",
+            "models": sorted(instances),
+            "instances": {m: [f"{i:x}" for i in ids] for m, ids in instances.items()},
+        }
+        return _json(body, 200 if live else 503)
+
+    @app.get("/live")
+    async def live() -> Response:
+        return _json({"status": "live"})
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    _install_openapi(app, [ChatCompletionRequest, CompletionRequest])
+    return app

@@ -1,0 +1,18 @@
+"""Frontend configuration (flags of `stator frontend` and `stator run`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stator.config import option
+
+
+@dataclass
+class FrontendConfig:
+    http_host: str = option("0.0.0.0", "Address the HTTP server binds")
+    http_port: int = option(8000, "HTTP port (0 = any free port)")
+    access_log: bool = option(False, "Log every HTTP request (uvicorn's access log)")
+    model_wait_timeout: float = option(
+        0.0,
+        "Seconds a request for an unknown model waits for it to appear before a 404",
+    )

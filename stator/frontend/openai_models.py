@@ -1,0 +1,136 @@
+"""OpenAI request bodies, validated by pydantic (the only place pydantic is used).
+
+Range checks that OpenAI documents live here, so a bad value is a 400 naming its
+parameter before anything else runs. Fields beyond OpenAI's are the ones vLLM users
+expect (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, ...). Unknown fields are
+ignored, as OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+StopField = str | list[str] | None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message as chat templates see it: text content parts joined into one string
+        (most templates concatenate `content` as a string); null fields dropped. Raises
+        ValueError for content parts other than text (no multimodal input yet)."""
+        data = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            kinds = {str(part.get("type")) for part in self.content} - {"text"}
+            if kinds:
+                raise ValueError(f"content parts of type {sorted(kinds)} are not supported")
+            data["content"] = "".join(str(part.get("text", "")) for part in self.content)
+        return data
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and completions requests."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    n: Annotated[int, Field(ge=1, le=128)] = 1
+    seed: int | None = None
+    stop: StopField = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: int | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, value: StopField) -> StopField:
+        if isinstance(value, list) and any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value is not None and value < -1:
+            raise ValueError("top_k must be -1 (disabled) or a positive number")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @property
+    def completion_limit(self) -> int | None:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
+        )
+
+
+PromptField = (
+    Annotated[str, Field()]
+    | Annotated[list[int], Field(min_length=1)]
+    | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    | Annotated[list[str], Field(min_length=1)]
+)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: PromptField
+    echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    suffix: str | None = None
+    best_of: Annotated[int, Field(ge=1)] | None = None
+
+    @property
+    def completion_limit(self) -> int | None:
+        return self.max_tokens

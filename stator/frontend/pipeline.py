@@ -1,0 +1,350 @@
+"""`ModelPipeline`: one model's path from an OpenAI request to engine requests and back.
+
+preprocess (template, tokenize, sampling mapping, context check) -> `EngineRequest` per
+choice -> `Router.generate` -> `ChoiceProcessor` (detokenize, stop strings) -> `Delta`s.
+The HTTP shapes (chunks, responses) are built by `chat.py` / `completions.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from stator.frontend import errors
+from stator.frontend.metrics import FrontendMetrics
+from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from stator.llm import (
+    ChoiceProcessor,
+    Delta,
+    InvalidParam,
+    ModelFiles,
+    TemplateRenderError,
+    build_sampling,
+)
+from stator.protocols import EngineOutput, EngineRequest, ModelCard
+from stator.router import Overloaded, Router, RouterConfig
+from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
+from stator.runtime.names import EndpointName
+
+log = logging.getLogger(__name__)
+
+_SEED_STEP = 0x9E3779B97F4A7C15  # golden-ratio step: choice seeds far apart, reproducible
+_SEED_MASK = (1 << 63) - 1
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Seed of choice `index` of a request seeded with `seed` (choice 0 keeps it)."""
+    if seed is None or index == 0:
+        return seed
+    return (seed + index * _SEED_STEP) & _SEED_MASK
+
+
+class EngineFailed(Exception):
+    """The worker reported an error for this choice (not the client's fault)."""
+
+
+class ChoiceStream:
+    """One choice of a response: an engine stream run through the postprocessor.
+
+    `prime()` waits for the first delta so routing failures (no worker, overloaded) become
+    HTTP errors before a streaming response has started. Closing it closes the engine
+    stream, which cancels the request on the worker.
+    """
+
+    def __init__(
+        self, pipeline: ModelPipeline, index: int, request: EngineRequest, processor: Any
+    ) -> None:
+        self.pipeline = pipeline
+        self.index = index
+        self.request = request
+        self.processor = processor
+        self.prompt_tokens = len(request.token_ids)
+        self.detokenize_seconds = 0.0
+        self._outputs: AsyncIterator[EngineOutput] = pipeline.router.generate(request)
+        self._first: Delta | None = None
+        self._started = False
+        self._done = False
+
+    async def prime(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._first = await self._next_delta()
+        except NoInstances as exc:
+            raise errors.no_workers(self.request.model) from exc
+        except Overloaded as exc:
+            raise errors.overloaded(str(exc), exc.retry_after) from exc
+        except Migratable as exc:
+            raise errors.no_workers(self.request.model) from exc
+        except EngineFailed as exc:
+            raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
+        finally:
+            # Time to route and get the first output back (prefill included).
+            self.pipeline.metrics.stage_timers["route"].observe(time.perf_counter() - started)
+
+    async def _next_delta(self) -> Delta:
+        """The next delta with something in it (text, tokens or a finish reason)."""
+        try:
+            return await self._read_delta()
+        except RemoteError as exc:
+            raise EngineFailed(str(exc)) from exc
+        except Migratable as exc:
+            if not self._started:
+                raise  # before any output: no worker could take it (503 in `prime`)
+            raise EngineFailed(f"the worker was lost mid-stream: {exc}") from exc
+
+    async def _read_delta(self) -> Delta:
+        async for output in self._outputs:
+            self._started = True
+            if output.finish_reason == "error":
+                raise EngineFailed(output.error or "engine error")
+            started = time.perf_counter()
+            delta = self.processor.process(output)
+            self.detokenize_seconds += time.perf_counter() - started
+            if delta.text or delta.finish_reason or delta.logprobs:
+                return delta
+        raise EngineFailed("the engine stream ended without a finish reason")
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.processor.completion_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.processor.cached_tokens
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        """Every delta of this choice, the primed one first; ends at the finish."""
+        try:
+            delta = self._first if self._first is not None else await self._next_delta()
+            self._first = None
+            while True:
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+                delta = await self._next_delta()
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        # Closing the generator cancels the request on the worker (a stop string matched
+        # early, the client went away, or a sibling choice failed).
+        await self._outputs.aclose()
+        self.pipeline.metrics.stage_timers["detokenize"].observe(self.detokenize_seconds)
+
+
+class ModelPipeline:
+    def __init__(
+        self,
+        card: ModelCard,
+        files: ModelFiles,
+        client: Client,
+        router: Router,
+        metrics: FrontendMetrics,
+    ) -> None:
+        self.card = card
+        self.name = card.name
+        self.files = files
+        self.tokenizer = files.tokenizer
+        self.template = files.chat_template
+        self.context_length = files.context_length or card.context_length
+        self.client = client
+        self.router = router
+        self.metrics = metrics
+        self.model_metrics = metrics.for_model(self.name)
+        self.eos_token_ids = list(files.eos_token_ids)
+
+    @classmethod
+    async def create(
+        cls,
+        runtime: Runtime,
+        card: ModelCard,
+        endpoint: EndpointName,
+        router_config: RouterConfig,
+        metrics: FrontendMetrics,
+    ) -> ModelPipeline:
+        # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
+        files = await asyncio.to_thread(ModelFiles.from_card, card)
+        client = await runtime.client(endpoint, EngineOutput)
+        router = Router(runtime, client, card, router_config)
+        await router.start()
+        return cls(card, files, client, router, metrics)
+
+    async def close(self) -> None:
+        await self.router.close()
+        await self.client.close()
+
+    # -- preprocessing ---------------------------------------------------------------
+
+    def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        if self.template is None:
+            raise errors.bad_request(
+                f"Model `{self.name}` has no chat template; use /v1/completions.",
+                param="messages",
+            )
+        messages = []
+        for i, message in enumerate(body.messages):
+            try:
+                messages.append(message.as_template_dict())
+            except ValueError as exc:
+                raise errors.bad_request(str(exc), param=f"messages[{i}].content") from exc
+        started = time.perf_counter()
+        try:
+            text = self.template.render(
+                messages,
+                tools=body.tools,
+                add_generation_prompt=body.add_generation_prompt
+                and not body.continue_final_message,
+                continue_final_message=body.continue_final_message,
+                **(body.chat_template_kwargs or {}),
+            )
+        except TemplateRenderError as exc:
+            raise errors.bad_request(str(exc), param="messages") from exc
+        rendered = time.perf_counter()
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.metrics.stage_timers["template"].observe(rendered - started)
+        self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - rendered)
+        return ids
+
+    def completion_prompts(self, body: CompletionRequest) -> list[list[int]]:
+        prompt = body.prompt
+        started = time.perf_counter()
+        if isinstance(prompt, str):
+            prompts = [self.tokenizer.encode(prompt, add_special_tokens=True)]
+        elif prompt and isinstance(prompt[0], str):
+            prompts = [self.tokenizer.encode(p, add_special_tokens=True) for p in prompt]
+        elif prompt and isinstance(prompt[0], int):
+            prompts = [list(prompt)]  # type: ignore[arg-type]
+        else:
+            prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
+        self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - started)
+        vocab = self.tokenizer.vocab_size
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise errors.bad_request(f"prompt {i} is empty.", param="prompt")
+            bad = next((t for t in ids if t < 0 or t >= vocab), None)
+            if bad is not None:
+                raise errors.bad_request(
+                    f"Token id {bad} in prompt {i} is out of the vocabulary (0..{vocab - 1}).",
+                    param="prompt",
+                )
+        return prompts
+
+    def decode_prompt(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # -- engine requests -------------------------------------------------------------
+
+    def open_choices(
+        self,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompts: list[list[int]],
+        request_id: str,
+    ) -> list[ChoiceStream]:
+        """One `ChoiceStream` per (prompt, choice), indexed `prompt * n + choice`."""
+        fields = body.model_dump(exclude_unset=True)
+        api = "chat" if isinstance(body, ChatCompletionRequest) else "completions"
+        streams: list[ChoiceStream] = []
+        for p, ids in enumerate(prompts):
+            try:
+                # Per prompt: the default max_tokens and the context check depend on its
+                # length.
+                sampling, stop, stop_strings = build_sampling(
+                    fields,
+                    generation_config=self.files.generation_config,
+                    eos_token_ids=self.eos_token_ids,
+                    vocab_size=self.tokenizer.vocab_size,
+                    prompt_tokens=len(ids),
+                    context_length=self.context_length,
+                    api=api,
+                )
+            except InvalidParam as exc:
+                raise errors.bad_request(exc.message, param=exc.param) from exc
+            # Each engine request is one choice; `n` is fanned out here.
+            sampling = msgspec.structs.replace(sampling, n=1)
+            for c in range(body.n):
+                index = p * body.n + c
+                choice_sampling = (
+                    msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, c))
+                    if c
+                    else sampling
+                )
+                request = EngineRequest(
+                    request_id=request_id if index == 0 else f"{request_id}-{index}",
+                    model=self.name,
+                    token_ids=ids,
+                    sampling=choice_sampling,
+                    stop=stop,
+                )
+                processor = ChoiceProcessor(
+                    self.tokenizer,
+                    stop_strings,
+                    body.skip_special_tokens,
+                    ids,
+                    hidden_stop_token_ids=self.eos_token_ids,
+                )
+                streams.append(ChoiceStream(self, index, request, processor))
+        return streams
+
+
+async def prime_all(streams: list[ChoiceStream]) -> None:
+    """Prime every choice concurrently; on any failure close them all and re-raise."""
+    try:
+        if len(streams) == 1:
+            await streams[0].prime()
+        else:
+            await asyncio.gather(*(s.prime() for s in streams))
+    except BaseException:
+        await close_all(streams)
+        raise
+
+
+async def close_all(streams: list[ChoiceStream]) -> None:
+    for stream in streams:
+        try:
+            await stream.aclose()
+        except Exception:
+            log.exception("closing choice %d failed", stream.index)
+
+
+async def merged_deltas(streams: list[ChoiceStream]) -> AsyncIterator[tuple[int, Delta]]:
+    """(choice index, delta) from every choice as they come. One choice is iterated
+    directly: no task or queue on the common path."""
+    if len(streams) == 1:
+        stream = streams[0]
+        async for delta in stream.deltas():
+            yield stream.index, delta
+        return
+    queue: asyncio.Queue[tuple[int, Delta] | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: ChoiceStream) -> None:
+        try:
+            async for delta in stream.deltas():
+                queue.put_nowait((stream.index, delta))
+            queue.put_nowait(None)
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await close_all(streams)

@@ -1,0 +1,154 @@
+"""Serving the app: `serve_frontend` (blocks until stopped; `stator frontend` and
+`stator run` use it) and `running_frontend` (an async context manager that serves on a
+free port in the current event loop, for tests and embedding)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+from stator.frontend.app import create_app
+from stator.frontend.config import FrontendConfig
+from stator.frontend.metrics import FrontendMetrics
+from stator.frontend.model_manager import ModelManager
+from stator.router import RouterConfig
+from stator.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def _http_impl() -> str:
+    # httptools parses HTTP in C; h11 is the pure-Python fallback.
+    return "httptools" if importlib.util.find_spec("httptools") else "h11"
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to its host (uvicorn's own handlers
+    re-raise the signal after shutdown, which would kill the process before stator's
+    cleanup runs)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class RunningFrontend:
+    app: FastAPI
+    manager: ModelManager
+    metrics: FrontendMetrics
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _uvicorn_config(app: FastAPI, config: FrontendConfig) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        http=_http_impl(),
+        lifespan="off",  # the manager's lifetime is ours, not the app's
+        access_log=config.access_log,
+        log_config=None,  # keep stator's log format (with request ids)
+        timeout_graceful_shutdown=5,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_frontend(
+    runtime: Runtime,
+    frontend_config: FrontendConfig | None = None,
+    router_config: RouterConfig | None = None,
+) -> AsyncIterator[RunningFrontend]:
+    """Serve the frontend in this event loop until the block exits."""
+    config = frontend_config or FrontendConfig(http_host="127.0.0.1", http_port=0)
+    metrics = FrontendMetrics()
+    manager = ModelManager(runtime, router_config or RouterConfig(), metrics)
+    await manager.start()
+    app = create_app(manager, metrics, config)
+    sock = _bind(config.http_host, config.http_port)
+    port = sock.getsockname()[1]
+    server = _EmbeddedServer(_uvicorn_config(app, config))
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="frontend http")
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # startup failed: raise its error
+            await asyncio.sleep(0.01)
+        yield RunningFrontend(app, manager, metrics, config.http_host, port)
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sock.close()
+        await manager.close()
+
+
+async def serve_frontend(
+    runtime: Runtime,
+    frontend_config: FrontendConfig,
+    router_config: RouterConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Serve until `stop` is set or, with `handle_signals`, until SIGINT/SIGTERM; then
+    let in-flight HTTP requests finish (uvicorn's graceful shutdown) and close the model
+    manager. The caller owns `runtime` and shuts it down afterwards."""
+    metrics = FrontendMetrics()
+    manager = ModelManager(runtime, router_config, metrics)
+    await manager.start()
+    app = create_app(manager, metrics, frontend_config)
+    sock = _bind(frontend_config.http_host, frontend_config.http_port)
+    server = _EmbeddedServer(_uvicorn_config(app, frontend_config))
+    log.info(
+        "frontend listening on http://%s:%d",
+        frontend_config.http_host,
+        sock.getsockname()[1],
+    )
+
+    def request_exit() -> None:
+        server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM) if handle_signals else ()
+    for sig in signals:
+        loop.add_signal_handler(sig, request_exit)
+    stopper = None
+    if stop is not None:
+
+        async def wait_stop() -> None:
+            await stop.wait()
+            request_exit()
+
+        stopper = asyncio.create_task(wait_stop())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        if stopper is not None:
+            stopper.cancel()
+        sock.close()
+        await manager.close()

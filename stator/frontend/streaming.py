@@ -1,0 +1,172 @@
+"""Server-sent events exactly as OpenAI sends them, and a response that notices a client
+going away even while the engine is silent.
+
+`data: {json}\\n\\n` per chunk, `data: [DONE]\\n\\n` last. Starlette's `StreamingResponse`
+(with ASGI 2.4 servers such as uvicorn) only notices a disconnect when its next write
+fails; `SSEResponse` also listens for `http.disconnect` and cancels the stream at once, so
+the engine's request is aborted without waiting for its next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from stator.frontend.errors import ApiError
+from stator.frontend.request_context import RAW_SEND_KEY
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DONE = b"data: [DONE]\n\n"
+_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def sse(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+def sse_error(error: ApiError) -> bytes:
+    from stator.frontend.responses import to_json
+
+    return sse(to_json(error.body()))
+
+
+class SSEResponse(Response):
+    """An ASGI response streaming `body` (already SSE-framed bytes).
+
+    `on_close(disconnected)` runs once when the stream ends, whether it finished, failed
+    or the client left.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        on_close: Callable[[bool], None] | None = None,
+    ) -> None:
+        # Response.__init__ is skipped on purpose: it renders a body we do not have.
+        self.body_iterator = body
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = list(_HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        disconnected = False
+        finished = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect" and not finished:
+                    disconnected = True
+                    task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        # Headers go through every middleware (request id, status metrics); body chunks,
+        # which nothing above inspects, go to the outermost send that takes them, saving
+        # a few coroutine hops per token.
+        body_send = scope.get(RAW_SEND_KEY, send)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            async for chunk in self.body_iterator:
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finished = True
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            # Our own cancellation (from `watch`): the client left; that is not an error.
+            task.uncancel()
+        except OSError:
+            # The server failed to write: the client is gone.
+            disconnected = True
+        finally:
+            finished = True
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            # Closing the body closes the engine streams it holds (the worker aborts).
+            with contextlib.suppress(Exception):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            if self.on_close is not None:
+                try:
+                    self.on_close(disconnected)
+                except Exception:
+                    log.exception("stream close callback failed")
+
+
+class TextChunkTemplate:
+    """The SSE bytes of a chunk whose only varying part is one text field, split once
+    around that field: the per-token path then JSON-encodes just the text and joins three
+    byte strings instead of building and encoding a whole chunk object."""
+
+    _MARK = "\x1fstator-text\x1f"
+
+    def __init__(self, build: Callable[[str], object]) -> None:
+        from stator.frontend.responses import to_json
+
+        raw = sse(to_json(build(self._MARK)))
+        self.prefix, self.suffix = raw.split(to_json(self._MARK))
+
+    def render(self, text: str) -> bytes:
+        return b"".join((self.prefix, _encode_str(text), self.suffix))
+
+
+_encode_str = msgspec.json.Encoder().encode
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its (non-streaming) answer was ready."""
+
+
+async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it (and with it the engine requests it holds) when the
+    client disconnects first; then raise `ClientGone`. The request body must already
+    have been read, so the next ASGI message can only be the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone = True
+                task.cancel()
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        raise ClientGone() from None
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def client_gone_response() -> Response:
+    """What to "send" when the client already left: nginx's 499, for the logs and the
+    requests counter (nobody receives it)."""
+    return Response(status_code=499)

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stator.llm.tokenizer import Tokenizer, TokenizerError, read_model_files
+from tests.model_factory import SPECIAL_TOKENS, make_model_dir
+
+
+def test_from_dir_reads_special_tokens_and_eos(tiny_model_dir):
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    assert tok.bos_token == "<s>" and tok.eos_token == "<|im_end|>"
+    assert tok.eos_token_ids == [SPECIAL_TOKENS.index("<|im_end|>")]
+    assert tok.special_ids == set(range(len(SPECIAL_TOKENS)))
+    assert tok.vocab_size >= 2000
+    assert tok.token_to_id("<|im_start|>") == 4 and tok.id_to_token(4) == "<|im_start|>"
+    assert tok.model_max_length == 2048
+
+
+def test_round_trip_and_special_skipping(tiny_model_dir):
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    text = "def f(x):\n    return x + 1  # 你好 🎉"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    with_special = [*ids, tok.eos_token_ids[0]]
+    assert tok.decode(with_special) == text
+    assert tok.decode(with_special, skip_special_tokens=False) == text + "<|im_end|>"
+
+
+def test_from_files_equals_from_dir(tiny_model_dir):
+    a = Tokenizer.from_dir(tiny_model_dir)
+    b = Tokenizer.from_files(read_model_files(tiny_model_dir))
+    assert a.encode("hello world") == b.encode("hello world")
+    assert a.eos_token_ids == b.eos_token_ids
+
+
+def test_eos_ids_merge_generation_config_lists(tmp_path):
+    path = make_model_dir(tmp_path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2, 5]}))
+    assert Tokenizer.from_dir(path).eos_token_ids == [5, 2]
+
+
+def test_missing_or_broken_files_raise_clear_errors(tmp_path):
+    with pytest.raises(TokenizerError, match="not found"):
+        Tokenizer.from_dir(tmp_path / "nope")
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json is missing"):
+        Tokenizer.from_files({})
+    with pytest.raises(TokenizerError, match="cannot be loaded"):
+        Tokenizer.from_files({"tokenizer.json": b"{not json"})
+    path = make_model_dir(tmp_path / "m")
+    files = read_model_files(path)
+    files["tokenizer_config.json"] = b"[1, 2]"
+    with pytest.raises(TokenizerError, match="JSON object"):
+        Tokenizer.from_files(files)
+
+
+def test_token_info_gives_text_and_exact_bytes(tiny_model_dir, tmp_path):
+    from tests.llm.sentencepiece_style import make_byte_fallback_dir
+
+    for tok in (
+        Tokenizer.from_dir(tiny_model_dir),
+        Tokenizer.from_dir(make_byte_fallback_dir(tmp_path)),
+    ):
+        ids = tok.encode(" hello 你好")
+        infos = [tok.token_info(i) for i in ids]
+        assert b"".join(bytes(raw) for _, raw in infos).lstrip(
+            b" "
+        ) == " hello 你好".encode().lstrip(b" ")
+        # A word piece keeps its leading space even for SentencePiece's "▁hello".
+        assert any(text.startswith(" h") for text, _ in infos)
+        assert tok.token_info(tok.eos_token_ids[0])[0] == tok.eos_token
+        assert tok.token_info(ids[0]) is tok.token_info(ids[0])  # cached
