@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     # Second phase: the engine's flags, from what the first phase did not know.
     unknown = list(getattr(args, "unknown_args", []) or [])
     engine_args = parser.parse_args(unknown, namespace=argparse.Namespace(**vars(args)))
-    engine_config = _engine_config(spec, engine_args)
+    engine_config = build_engine_config(spec, engine_args)
     runtime_config = from_args(RuntimeConfig, engine_args)
     worker_config = from_args(WorkerConfig, engine_args)
     download = from_args(DownloadConfig, engine_args)
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(serve_worker(runtime_config, worker_config, engine, model_dir))
 
 
-def _engine_config(spec: EngineSpec, namespace: argparse.Namespace) -> Any:
+def build_engine_config(spec: EngineSpec, namespace: argparse.Namespace) -> Any:
     """The engine's config; a config class with `from_namespace` also reads its
     pass-through flags from the namespace."""
     if spec.config_class is None:
@@ -182,4 +182,11 @@ def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     return resolve_model(config.model, revision=download.revision, cache_dir=download.cache_dir)
 
 
-__all__ = ["full_parser", "load_engine_spec", "register", "run", "worker_model_dir"]
+__all__ = [
+    "build_engine_config",
+    "full_parser",
+    "load_engine_spec",
+    "register",
+    "run",
+    "worker_model_dir",
+]

@@ -17,7 +17,7 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 
 import psutil
 
-from stator.cli.worker import _engine_config, full_parser, load_engine_spec
+from stator.cli.worker import build_engine_config, full_parser, load_engine_spec
 from stator.engines.vllm import VllmConfig
 from stator.engines.vllm.engine import engine_args
 from tests.procs import repo_env, stator_process
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 def parse(argv: list[str]) -> VllmConfig:
     spec = load_engine_spec("vllm")
     namespace = full_parser(spec).parse_args(argv, namespace=argparse.Namespace())
-    return _engine_config(spec, namespace)
+    return build_engine_config(spec, namespace)
 
 
 def test_vllm_engine_arguments_pass_through(llama_dir):
