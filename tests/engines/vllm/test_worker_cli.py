@@ -96,6 +96,13 @@ def test_help_lists_stator_and_vllm_flags():
     assert "vLLM engine arguments" in out
 
 
+def test_stator_run_help_lists_vllm_flags():
+    proc = stator_process("run", "--engine", "vllm", "--help", stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert "--enforce-eager" in out and "--http-port" in out and "vLLM engine arguments" in out
+
+
 def test_worker_exits_nonzero_when_vllm_engine_dies(llama_dir, tmp_path):
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
