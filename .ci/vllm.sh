@@ -42,5 +42,5 @@ echo "vllm venv ready in $((built - began))s ($VENV)"
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-${TMPDIR:-/tmp}/stator-vllm-cache}
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/engines/vllm tests/llm "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/engines/vllm tests/llm/test_prompt_embeds.py "$@"
 echo "vllm tests done in $(($(date +%s) - built))s (total $(($(date +%s) - began))s)"
