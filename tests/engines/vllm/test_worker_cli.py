@@ -100,7 +100,7 @@ def test_stator_run_help_lists_vllm_flags():
     proc = stator_process("run", "--engine", "vllm", "--help", stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0
-    assert "--enforce-eager" in out and "--http-port" in out and "vLLM engine arguments" in out
+    assert "--enforce-eager" in out and "--workers" in out and "vLLM engine arguments" in out
 
 
 def test_worker_exits_nonzero_when_vllm_engine_dies(llama_dir, tmp_path):
