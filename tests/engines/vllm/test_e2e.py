@@ -4,6 +4,9 @@ discovery, ZMQ event plane, round-robin router), driven with the openai SDK."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import subprocess
 
 import pytest
 
@@ -26,6 +29,13 @@ VLLM_FLAGS = ("--enforce-eager", "--max-model-len", "1024", "--dtype", "float32"
 def fleet(tmp_path):
     f = Fleet(tmp_path)
     yield f
+    # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
+    # vLLM's EngineCore and resource-tracker processes).
+    for proc in f.procs:
+        proc.signal(signal.SIGTERM)
+    for proc in f.procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
     f.close()
 
 
