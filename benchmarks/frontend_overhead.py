@@ -51,7 +51,9 @@ def prompt_text(model_dir: Path, tokens: int) -> str:
 # -- server side -------------------------------------------------------------------------
 
 
-async def serve(model_dir: str, port: int, output_tokens: int) -> None:
+async def serve(
+    model_dir: str, port: int, output_tokens: int, reasoning_parser: str | None = None
+) -> None:
     from stator.frontend import FrontendConfig, running_frontend
     from stator.protocols import EngineRequest
     from stator.runtime import Runtime, RuntimeConfig
@@ -63,6 +65,7 @@ async def serve(model_dir: str, port: int, output_tokens: int) -> None:
     await worker.serve(ENDPOINT, engine_handler(engine), EngineRequest)
     card = engine.model_card()
     card.source_path = model_dir
+    card.reasoning_parser = reasoning_parser
     await worker.publish_model_card(ENDPOINT, card)
     runtime = await Runtime.create(RuntimeConfig(discovery="mem"))
     config = FrontendConfig(http_host="127.0.0.1", http_port=port)
@@ -97,7 +100,9 @@ async def engine_only(count: int, prompt_tokens: int, output_tokens: int) -> flo
     return (time.process_time() - start) / count
 
 
-async def asgi_only(model_dir: str, text: str, count: int, output_tokens: int) -> float:
+async def asgi_only(
+    model_dir: str, text: str, count: int, output_tokens: int, reasoning_parser: str | None = None
+) -> float:
     """CPU seconds per request of the app alone: the ASGI app called directly with an
     in-memory request (no sockets, no uvicorn), one request at a time, engine included."""
     from stator.frontend import FrontendMetrics, ModelManager, create_app
@@ -112,6 +117,7 @@ async def asgi_only(model_dir: str, text: str, count: int, output_tokens: int) -
     await worker.serve(ENDPOINT, engine_handler(engine), EngineRequest)
     card = engine.model_card()
     card.source_path = model_dir
+    card.reasoning_parser = reasoning_parser
     await worker.publish_model_card(ENDPOINT, card)
     runtime = await Runtime.create(RuntimeConfig(discovery="mem:asgi-only"))
     metrics = FrontendMetrics()
@@ -216,6 +222,12 @@ def main() -> None:
     parser.add_argument("--input-tokens", type=int, default=512)
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument(
+        "--reasoning-parser",
+        help="serve the model with this reasoning parser (e.g. deepseek_r1: the scripted "
+        "output has no think tags, so all of it is parsed as reasoning), to measure the "
+        "parsed path; default: no parser",
+    )
     parser.add_argument("--serve", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -226,7 +238,7 @@ def main() -> None:
             uvloop.install()
         except ImportError:
             pass
-        asyncio.run(serve(args.serve, args.port, args.output_tokens))
+        asyncio.run(serve(args.serve, args.port, args.output_tokens, args.reasoning_parser))
         return
 
     from tests.model_factory import make_model_dir
@@ -238,7 +250,8 @@ def main() -> None:
         port = args.port or free_port()
         server = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(model_dir), "--port", str(port),
-             "--output-tokens", str(args.output_tokens)],
+             "--output-tokens", str(args.output_tokens),
+             *(["--reasoning-parser", args.reasoning_parser] if args.reasoning_parser else [])],
             env=repo_env(), stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
@@ -270,7 +283,9 @@ def main() -> None:
             server.terminate()
             server.wait(10)
         asgi_ms = 1000 * asyncio.run(
-            asgi_only(str(model_dir), text, args.requests, args.output_tokens)
+            asgi_only(
+                str(model_dir), text, args.requests, args.output_tokens, args.reasoning_parser
+            )
         )
     engine_ms = 1000 * asyncio.run(engine_only(200, args.input_tokens, args.output_tokens))
     print(json.dumps({"asgi_app_cpu_ms_per_request_incl_engine": round(asgi_ms, 3)}))

@@ -37,10 +37,11 @@ class RunConfig:
     namespace: str = option("stator", "Namespace of the in-process fleet")
 
 
-# Fields the run command sets itself: the HTTP address (its --host/--port), and the
-# workers' own status servers, which an embedded fleet does not need.
+# Fields the run command sets itself: the HTTP address (its --host/--port), the workers'
+# endpoint and status servers (an embedded fleet needs neither), and the migration limit
+# (the router's flag).
 FRONTEND_SKIPPED = frozenset({"http_host", "http_port"})
-WORKER_SKIPPED = frozenset({"system_port", "endpoint"})
+WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit"})
 
 
 def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
@@ -90,37 +91,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stator.cli.worker import build_engine_config, load_engine_spec, worker_model_dir
+    from stator.cli.worker import build_engine_config, second_phase, worker_model_dir
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig, ModelNotFound
 
-    try:
-        spec = load_engine_spec(args.engine)
-    except ValueError as exc:
-        if args.help:
-            full_parser(None).print_help()
-            log.warning("no engine flags shown: %s", exc)
-            return 0
-        log.error("%s", exc)
-        return 2
-    parser = full_parser(spec)
-    if args.help:
-        parser.print_help()
-        return 0
-    unknown = list(getattr(args, "unknown_args", []) or [])
-    parsed = parser.parse_args(unknown, namespace=argparse.Namespace(**vars(args)))
+    phase = second_phase(args, full_parser)
+    if isinstance(phase, int):
+        return phase
+    spec, parsed = phase
     run_config = from_args(RunConfig, parsed)
     if run_config.workers < 1:
         log.error("--workers must be at least 1, got %d", run_config.workers)
         return 2
     engine_config = build_engine_config(spec, parsed)
-    worker_config = from_args(WorkerConfig, parsed)
+    router_config = from_args(RouterConfig, parsed)
+    # One --migration-limit (the router's) serves both: the workers publish it in their
+    # cards, the router applies it.
+    worker_config = from_args(
+        WorkerConfig, parsed, migration_limit=router_config.migration_limit or 0
+    )
     frontend_config = from_args(
         FrontendConfig, parsed, http_host=run_config.host, http_port=run_config.port
     )
-    router_config = from_args(RouterConfig, parsed)
     try:
         model_dir = worker_model_dir(worker_config, from_args(DownloadConfig, parsed))
     except ModelNotFound as exc:

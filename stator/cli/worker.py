@@ -123,7 +123,13 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run, accepts_unknown=True)
 
 
-def run(args: argparse.Namespace) -> int:
+def second_phase(
+    args: argparse.Namespace,
+    full_parser: Callable[[EngineSpec | None], argparse.ArgumentParser],
+) -> tuple[EngineSpec, argparse.Namespace] | int:
+    """Load the engine named by `--engine`, then parse the flags the first phase did not
+    know (the engine's own) with `full_parser(spec)`. Returns (spec, all parsed flags), or
+    the exit code when there is nothing to serve (`--help`, or an engine that won't load)."""
     try:
         spec = load_engine_spec(args.engine)
     except ValueError as exc:
@@ -137,9 +143,15 @@ def run(args: argparse.Namespace) -> int:
     if args.help:
         parser.print_help()
         return 0
-    # Second phase: the engine's flags, from what the first phase did not know.
     unknown = list(getattr(args, "unknown_args", []) or [])
-    engine_args = parser.parse_args(unknown, namespace=argparse.Namespace(**vars(args)))
+    return spec, parser.parse_args(unknown, namespace=argparse.Namespace(**vars(args)))
+
+
+def run(args: argparse.Namespace) -> int:
+    phase = second_phase(args, full_parser)
+    if isinstance(phase, int):
+        return phase
+    spec, engine_args = phase
     engine_config = build_engine_config(spec, engine_args)
     runtime_config = from_args(RuntimeConfig, engine_args)
     worker_config = from_args(WorkerConfig, engine_args)
@@ -188,5 +200,6 @@ __all__ = [
     "load_engine_spec",
     "register",
     "run",
+    "second_phase",
     "worker_model_dir",
 ]

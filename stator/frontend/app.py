@@ -16,15 +16,23 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from stator.frontend import errors
+from stator.frontend.busy_threshold import install_busy_threshold_routes
 from stator.frontend.chat import create_chat_completion
 from stator.frontend.completions import create_completion
 from stator.frontend.config import FrontendConfig
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.model_manager import ModelManager
-from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from stator.frontend.openai_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponsesRequest,
+)
 from stator.frontend.pipeline import ModelPipeline
 from stator.frontend.request_context import RequestContextMiddleware
 from stator.frontend.responses import ModelList, ModelObject, to_json
+from stator.frontend.responses_api import create_response
+from stator.frontend.routing_hints import set_target_worker
+from stator.llm.responses import InMemoryResponseStore
 from stator.logs import request_id_var
 
 log = logging.getLogger(__name__)
@@ -88,6 +96,7 @@ def create_app(
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.state.manager = manager
     app.state.metrics = metrics
+    app.state.response_store = InMemoryResponseStore(config.responses_store_size)
 
     async def resolve(model: str) -> ModelPipeline:
         if model not in manager.models and config.model_wait_timeout > 0:
@@ -117,15 +126,26 @@ def create_app(
     # published in /openapi.json.
     @app.post("/v1/chat/completions", openapi_extra=_request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
+        set_target_worker(request)
         body = await _parse(request, ChatCompletionRequest)
         pipeline = await resolve(body.model)
         return await create_chat_completion(body, pipeline, request_id_var.get(), request.receive)
 
     @app.post("/v1/completions", openapi_extra=_request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
+        set_target_worker(request)
         body = await _parse(request, CompletionRequest)
         pipeline = await resolve(body.model)
         return await create_completion(body, pipeline, request_id_var.get(), request.receive)
+
+    @app.post("/v1/responses", openapi_extra=_request_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        set_target_worker(request)
+        body = await _parse(request, ResponsesRequest)
+        pipeline = await resolve(body.model)
+        return await create_response(
+            body, pipeline, app.state.response_store, request_id_var.get(), request.receive
+        )
 
     def model_object(name: str) -> ModelObject:
         entry = manager.models[name]
@@ -160,5 +180,6 @@ def create_app(
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    _install_openapi(app, [ChatCompletionRequest, CompletionRequest])
+    install_busy_threshold_routes(app, manager)
+    _install_openapi(app, [ChatCompletionRequest, CompletionRequest, ResponsesRequest])
     return app

@@ -11,12 +11,14 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from stator.frontend import errors
+from stator.frontend.chat_parsed import open_parsers, parsed_chat_chunks, parsed_chat_result
 from stator.frontend.metrics import GenerationTracker
 from stator.frontend.openai_models import ChatCompletionRequest
 from stator.frontend.pipeline import (
     ChoiceStream,
     EngineFailed,
     ModelPipeline,
+    chat_usage,
     merged_deltas,
     prime_all,
 )
@@ -26,10 +28,9 @@ from stator.frontend.responses import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
-    ChatLogprobEntry,
     ChatLogprobs,
     ChatMessageOut,
-    TopLogprobEntry,
+    chat_logprobs,
     to_json,
     usage_info,
 )
@@ -44,22 +45,6 @@ from stator.frontend.streaming import (
     sse_error,
 )
 from stator.llm.postprocess import Delta
-
-
-def chat_logprobs(delta: Delta) -> ChatLogprobs | None:
-    if not delta.logprobs:
-        return None
-    return ChatLogprobs(
-        content=[
-            ChatLogprobEntry(
-                token=lp.token,
-                logprob=lp.logprob,
-                bytes=lp.bytes,
-                top_logprobs=[TopLogprobEntry(t.token, t.logprob, t.bytes) for t in lp.top],
-            )
-            for lp in delta.logprobs
-        ]
-    )
 
 
 async def create_chat_completion(
@@ -78,9 +63,15 @@ async def create_chat_completion(
         raise
     response_id = f"chatcmpl-{request_id}"
     created = int(time.time())
+    parsers = open_parsers(body, pipeline, len(streams))
     if body.stream:
+        chunks = (
+            chat_chunks(body, pipeline, streams, tracker, response_id, created)
+            if parsers is None
+            else parsed_chat_chunks(body, pipeline, streams, parsers, tracker, response_id, created)
+        )
         return SSEResponse(
-            chat_chunks(body, pipeline, streams, tracker, response_id, created),
+            chunks,
             on_close=lambda gone: tracker.finish(
                 sum(s.completion_tokens for s in streams),
                 streams[0].cached_tokens,
@@ -89,9 +80,12 @@ async def create_chat_completion(
         )
     gone = False
     try:
-        result = await cancel_on_disconnect(
-            receive, chat_result(pipeline, streams, tracker, response_id, created)
+        work = (
+            chat_result(pipeline, streams, tracker, response_id, created)
+            if parsers is None
+            else parsed_chat_result(body, pipeline, streams, parsers, tracker, response_id, created)
         )
+        result = await cancel_on_disconnect(receive, work)
     except ClientGone:
         gone = True
         return client_gone_response()
@@ -140,11 +134,7 @@ async def chat_result(
         created=created,
         model=pipeline.name,
         choices=choices,
-        usage=usage_info(
-            len(streams[0].request.token_ids),
-            sum(s.completion_tokens for s in streams),
-            streams[0].cached_tokens,
-        ),
+        usage=usage_info(*chat_usage(streams)),
     )
 
 
@@ -206,10 +196,6 @@ async def chat_chunks(
         yield DONE
         return
     if body.include_usage:
-        usage = usage_info(
-            len(streams[0].request.token_ids),
-            sum(s.completion_tokens for s in streams),
-            streams[0].cached_tokens,
-        )
+        usage = usage_info(*chat_usage(streams))
         yield sse(to_json(ChatCompletionChunk(response_id, created, model, [], usage=usage)))
     yield DONE

@@ -16,3 +16,7 @@ class FrontendConfig:
         0.0,
         "Seconds a request for an unknown model waits for it to appear before a 404",
     )
+    responses_store_size: int = option(
+        1024,
+        "Responses kept in memory for `previous_response_id` (oldest evicted first)",
+    )

@@ -98,6 +98,13 @@ def engine_failed(message: str) -> ApiError:
     return ApiError(500, message, type="internal_server_error", code="engine_error")
 
 
+def model_error(message: str) -> ApiError:
+    """The model's output breaks the request's contract (e.g. `tool_choice: required` and
+    no call). OpenAI answers such output with a 500 of type `model_error` ("The model
+    produced invalid content"): the request was valid, a retry may succeed."""
+    return ApiError(500, message, type="model_error", code="invalid_model_output")
+
+
 def _param_from_location(loc: tuple[Any, ...]) -> str | None:
     """`("body", "messages", 0, "role")` -> `messages[0].role`."""
     parts = [p for p in loc if p != "body"]

@@ -106,6 +106,24 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # Reasoning models: send `reasoning_content` / `reasoning` (false drops them), and
+    # GPT-OSS's effort (its Harmony system message).
+    include_reasoning: bool = True
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        if isinstance(value, dict):
+            function = value.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if value.get("type") == "function" and isinstance(name, str) and name:
+                return value
+        raise ValueError(
+            "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
+        )
 
     @property
     def completion_limit(self) -> int | None:
@@ -134,3 +152,32 @@ class CompletionRequest(SamplingFields):
     @property
     def completion_limit(self) -> int | None:
         return self.max_tokens
+
+
+class ReasoningOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    summary: str | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """`POST /v1/responses`. `input` items are checked by `stator.llm.responses`, which
+    names the offending item in its error."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    reasoning: ReasoningOptions | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None

@@ -18,6 +18,8 @@ import msgspec
 from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
+from stator.frontend.parsing import ModelParsing
+from stator.frontend.routing_hints import WORKER_HEADER, target_worker_var
 from stator.llm import (
     ChoiceProcessor,
     Delta,
@@ -26,8 +28,8 @@ from stator.llm import (
     TemplateRenderError,
     build_sampling,
 )
-from stator.protocols import EngineOutput, EngineRequest, ModelCard
-from stator.router import Overloaded, Router, RouterConfig
+from stator.protocols import EngineOutput, EngineRequest, ModelCard, RoutingHints
+from stator.router import BadRouting, Overloaded, Router, RouterConfig
 from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
 from stator.runtime.names import EndpointName
 
@@ -69,6 +71,9 @@ class ChoiceStream:
         self._first: Delta | None = None
         self._started = False
         self._done = False
+        # Harmony is parsed on token ids: deltas whose tokens decode to no text (its
+        # special tokens) must still come through.
+        self._keep_token_deltas = pipeline.parsing.harmony is not None
 
     async def prime(self) -> None:
         started = time.perf_counter()
@@ -78,6 +83,8 @@ class ChoiceStream:
             raise errors.no_workers(self.request.model) from exc
         except Overloaded as exc:
             raise errors.overloaded(str(exc), exc.retry_after) from exc
+        except BadRouting as exc:
+            raise errors.bad_request(str(exc), param=WORKER_HEADER) from exc
         except Migratable as exc:
             raise errors.no_workers(self.request.model) from exc
         except EngineFailed as exc:
@@ -106,6 +113,8 @@ class ChoiceStream:
             delta = self.processor.process(output)
             self.detokenize_seconds += time.perf_counter() - started
             if delta.text or delta.finish_reason or delta.logprobs:
+                return delta
+            if self._keep_token_deltas and delta.token_ids:
                 return delta
         raise EngineFailed("the engine stream ended without a finish reason")
 
@@ -160,6 +169,8 @@ class ModelPipeline:
         self.metrics = metrics
         self.model_metrics = metrics.for_model(self.name)
         self.eos_token_ids = list(files.eos_token_ids)
+        # Unknown parser names and a Harmony model without Harmony tokens fail here, loudly.
+        self.parsing = ModelParsing.from_card(card, files.tokenizer.inner)
 
     @classmethod
     async def create(
@@ -173,7 +184,7 @@ class ModelPipeline:
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
         client = await runtime.client(endpoint, EngineOutput)
-        router = Router(runtime, client, card, router_config)
+        router = Router(runtime, client, card, router_config, registry=metrics.registry)
         await router.start()
         return cls(card, files, client, router, metrics)
 
@@ -184,17 +195,15 @@ class ModelPipeline:
     # -- preprocessing ---------------------------------------------------------------
 
     def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        self.parsing.check_tool_choice(body.tools, body.tool_choice)
+        if self.parsing.harmony is not None:
+            return self._harmony_prompt(body)
         if self.template is None:
             raise errors.bad_request(
                 f"Model `{self.name}` has no chat template; use /v1/completions.",
                 param="messages",
             )
-        messages = []
-        for i, message in enumerate(body.messages):
-            try:
-                messages.append(message.as_template_dict())
-            except ValueError as exc:
-                raise errors.bad_request(str(exc), param=f"messages[{i}].content") from exc
+        messages = self._template_messages(body)
         started = time.perf_counter()
         try:
             text = self.template.render(
@@ -211,6 +220,25 @@ class ModelPipeline:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         self.metrics.stage_timers["template"].observe(rendered - started)
         self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - rendered)
+        return ids
+
+    @staticmethod
+    def _template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+        messages = []
+        for i, message in enumerate(body.messages):
+            try:
+                messages.append(message.as_template_dict())
+            except ValueError as exc:
+                raise errors.bad_request(str(exc), param=f"messages[{i}].content") from exc
+        return messages
+
+    def _harmony_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        """GPT-OSS: the conversation rendered as Harmony tokens (its chat template is not
+        used: the renderer is exact and knows reasoning effort and tools)."""
+        started = time.perf_counter()
+        messages = self._template_messages(body)
+        ids = self.parsing.harmony_prompt(messages, body.tools, body.reasoning_effort)
+        self.metrics.stage_timers["template"].observe(time.perf_counter() - started)
         return ids
 
     def completion_prompts(self, body: CompletionRequest) -> list[list[int]]:
@@ -251,6 +279,13 @@ class ModelPipeline:
         """One `ChoiceStream` per (prompt, choice), indexed `prompt * n + choice`."""
         fields = body.model_dump(exclude_unset=True)
         api = "chat" if isinstance(body, ChatCompletionRequest) else "completions"
+        skip_special = (
+            self.parsing.skip_special_tokens(body.skip_special_tokens, body.tools, body.tool_choice)
+            if isinstance(body, ChatCompletionRequest)
+            else body.skip_special_tokens
+        )
+        target = target_worker_var.get()
+        routing = RoutingHints(target_worker_id=target) if target is not None else None
         streams: list[ChoiceStream] = []
         for p, ids in enumerate(prompts):
             try:
@@ -267,6 +302,19 @@ class ModelPipeline:
                 )
             except InvalidParam as exc:
                 raise errors.bad_request(exc.message, param=exc.param) from exc
+            if self.parsing.harmony is not None and api == "chat":
+                # <|return|> ends the answer, <|call|> a tool call: both end generation.
+                # Visible, even where generation_config lists them as EOS: the parser
+                # needs them to close the last message.
+                harmony_stops = self.parsing.stop_token_ids
+                extra = [t for t in harmony_stops if t not in stop.stop_token_ids]
+                stop = msgspec.structs.replace(
+                    stop,
+                    stop_token_ids=[*stop.stop_token_ids, *extra],
+                    stop_token_ids_hidden=[
+                        t for t in stop.stop_token_ids_hidden if t not in harmony_stops
+                    ],
+                )
             # Each engine request is one choice; `n` is fanned out here.
             sampling = msgspec.structs.replace(sampling, n=1)
             for c in range(body.n):
@@ -282,11 +330,12 @@ class ModelPipeline:
                     token_ids=ids,
                     sampling=choice_sampling,
                     stop=stop,
+                    routing=routing,
                 )
                 processor = ChoiceProcessor(
                     self.tokenizer,
                     stop_strings,
-                    body.skip_special_tokens,
+                    skip_special,
                     ids,
                     hidden_stop_token_ids=self.eos_token_ids,
                 )
@@ -348,3 +397,12 @@ async def merged_deltas(streams: list[ChoiceStream]) -> AsyncIterator[tuple[int,
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await close_all(streams)
+
+
+def chat_usage(streams: list[ChoiceStream]) -> tuple[int, int, int]:
+    """(prompt, completion, cached) tokens of a chat request: one prompt, `n` choices."""
+    return (
+        len(streams[0].request.token_ids),
+        sum(s.completion_tokens for s in streams),
+        streams[0].cached_tokens,
+    )

@@ -11,6 +11,8 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from stator.llm.postprocess import Delta
+
 
 class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int = 0
@@ -47,6 +49,7 @@ class ChatMessageOut(msgspec.Struct):
     role: str
     content: str | None
     reasoning_content: str | UnsetType | None = UNSET
+    reasoning: str | UnsetType | None = UNSET
     tool_calls: list[dict[str, Any]] | UnsetType = UNSET
 
 
@@ -72,6 +75,7 @@ class ChatDelta(msgspec.Struct, omit_defaults=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
     reasoning_content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
     tool_calls: list[dict[str, Any]] | UnsetType = UNSET
 
 
@@ -142,6 +146,22 @@ _encoder = msgspec.json.Encoder()
 
 def to_json(obj: Any) -> bytes:
     return _encoder.encode(obj)
+
+
+def chat_logprobs(delta: Delta) -> ChatLogprobs | None:
+    if not delta.logprobs:
+        return None
+    return ChatLogprobs(
+        content=[
+            ChatLogprobEntry(
+                token=lp.token,
+                logprob=lp.logprob,
+                bytes=lp.bytes,
+                top_logprobs=[TopLogprobEntry(t.token, t.logprob, t.bytes) for t in lp.top],
+            )
+            for lp in delta.logprobs
+        ]
+    )
 
 
 def usage_info(prompt: int, completion: int, cached: int) -> UsageInfo:

@@ -114,9 +114,10 @@ class SSEResponse(Response):
 
 
 class TextChunkTemplate:
-    """The SSE bytes of a chunk whose only varying part is one text field, split once
-    around that field: the per-token path then JSON-encodes just the text and joins three
-    byte strings instead of building and encoding a whole chunk object."""
+    """The SSE bytes of a chunk whose only varying part is one text (in one field, or the
+    same text in several: `reasoning_content` and `reasoning`), split once around it: the
+    per-token path then JSON-encodes just the text and joins byte strings instead of
+    building and encoding a whole chunk object."""
 
     _MARK = "\x1fstator-text\x1f"
 
@@ -124,10 +125,10 @@ class TextChunkTemplate:
         from stator.frontend.responses import to_json
 
         raw = sse(to_json(build(self._MARK)))
-        self.prefix, self.suffix = raw.split(to_json(self._MARK))
+        self._parts = raw.split(to_json(self._MARK))
 
     def render(self, text: str) -> bytes:
-        return b"".join((self.prefix, _encode_str(text), self.suffix))
+        return _encode_str(text).join(self._parts)
 
 
 _encode_str = msgspec.json.Encoder().encode

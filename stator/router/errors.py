@@ -8,3 +8,8 @@ class Overloaded(Exception):
     def __init__(self, message: str, retry_after: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class BadRouting(ValueError):
+    """The request cannot be routed as asked (e.g. `direct` mode without a worker id):
+    the frontend answers 400."""

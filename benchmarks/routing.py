@@ -1,0 +1,336 @@
+"""Routing policies compared on a simulated fleet: mocker workers behind the `Router`, all
+in one process (mem discovery, in-process request and event planes; no HTTP), so the
+numbers are the router's and the simulated engines', not the frontend's.
+
+    PYTHONPATH=. python benchmarks/routing.py                    # every workload, every policy
+    PYTHONPATH=. python benchmarks/routing.py --workload shared-prefix --policies kv,round-robin
+
+Workloads:
+- `shared-prefix`: many tenants, each with a long system prompt, short unique questions,
+  Poisson arrivals. The fleet's KV cache holds every tenant's prompt only if each tenant
+  sticks to a few workers.
+- `mooncake`: the Mooncake conversation trace (`--trace`), replayed at its timestamps
+  (divided by `--time-scale`); each 512-token hash id becomes 512 fixed tokens, so
+  requests that share hash ids share prefixes.
+- `no-reuse`: unique random prompts, Poisson arrivals: nothing to gain from the cache.
+
+Each (workload, policy) run starts a fresh fleet. Reported per run: TTFT p50/p90/p99,
+mean inter-token latency, output tokens/s, rejections, and the prefix hit rate (prompt
+tokens the engines served from their cache / all prompt tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from stator.engines.mocker.config import MockerConfig
+from stator.engines.mocker.engine import MockerEngine
+from stator.protocols import (
+    AdminRequest,
+    AdminResponse,
+    EngineOutput,
+    EngineRequest,
+    KvEventBatch,
+    ModelCard,
+    StopConditions,
+)
+from stator.router import Overloaded, Router, RouterConfig
+from stator.runtime import Runtime, RuntimeConfig
+from stator.runtime.discovery import mem as mem_discovery
+from stator.runtime.event_plane import inproc as inproc_events
+
+GENERATE = "bench.backend.generate"
+ADMIN = "bench.backend.admin"
+POLICIES = ["round-robin", "random", "power-of-two", "least-loaded", "kv"]
+REPO = Path(__file__).resolve().parents[1]
+# The shared data folder sits beside the main checkout (../shared) and two levels above a
+# helper's worktree (../../shared).
+TRACE = (
+    next(
+        (p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if p.is_dir()),
+        REPO.parent / "shared",
+    )
+    / "data"
+    / "mooncake"
+    / "conversation_trace.jsonl"
+)
+
+
+# -- the fleet ---------------------------------------------------------------------------
+
+
+class Host:
+    """A minimal in-process worker host around one mocker engine: serves generate and
+    the admin `kv_state` op, forwards KV events, publishes load reports."""
+
+    def __init__(self, runtime: Runtime, engine: MockerEngine) -> None:
+        self.runtime = runtime
+        self.engine = engine
+        self.tasks: list[asyncio.Task] = []
+
+    @classmethod
+    async def start(cls, namespace: str, config: MockerConfig, card: ModelCard) -> Host:
+        runtime = await Runtime.create(RuntimeConfig(namespace=namespace, discovery="mem"))
+        engine = MockerEngine(config, card, vocab_size=32000, kv_bytes_per_token=0)
+        engine.worker_id = runtime.instance_id
+        await engine.start()
+        host = cls(runtime, engine)
+        await runtime.serve(GENERATE, engine.generate, EngineRequest)
+        await runtime.serve(ADMIN, host.admin, AdminRequest)
+        host.tasks.append(asyncio.create_task(host.forward_events()))
+        host.tasks.append(asyncio.create_task(host.report_load()))
+        return host
+
+    async def admin(self, request: AdminRequest):
+        yield AdminResponse(result=self.engine.kv_state())
+
+    async def forward_events(self) -> None:
+        async for batch in self.engine.kv_events():
+            await self.runtime.publish("kv_events", KvEventBatch(events=list(batch)))
+
+    async def report_load(self) -> None:
+        while True:
+            for report in self.engine.load():
+                await self.runtime.publish("load", report)
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.engine.shutdown()
+        await self.runtime.shutdown()
+
+
+# -- workloads ---------------------------------------------------------------------------
+
+
+@dataclass
+class Arrival:
+    at: float  # seconds from the start
+    tokens: list[int]
+    max_tokens: int
+
+
+def poisson_times(rng: random.Random, rate: float, count: int) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(count):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def shared_prefix(args, rng: random.Random) -> list[Arrival]:
+    prompts = [
+        [rng.randrange(32000) for _ in range(args.system_tokens)] for _ in range(args.tenants)
+    ]
+    return [
+        Arrival(
+            at,
+            prompts[rng.randrange(args.tenants)]
+            + [rng.randrange(32000) for _ in range(args.question_tokens)],
+            args.output_tokens,
+        )
+        for at in poisson_times(rng, args.rate, args.requests)
+    ]
+
+
+def no_reuse(args, rng: random.Random) -> list[Arrival]:
+    return [
+        Arrival(at, [rng.randrange(32000) for _ in range(args.unique_tokens)], args.output_tokens)
+        for at in poisson_times(rng, args.rate, args.requests)
+    ]
+
+
+def mooncake(args, rng: random.Random) -> list[Arrival]:
+    block: dict[int, list[int]] = {}
+    out = []
+    with open(args.trace) as f:
+        for line in f:
+            row = json.loads(line)
+            at = row["timestamp"] / 1000 / args.time_scale
+            if at > args.duration:
+                break
+            tokens: list[int] = []
+            for hid in row["hash_ids"]:
+                if hid not in block:
+                    r = random.Random(hid)
+                    block[hid] = [r.randrange(32000) for _ in range(512)]
+                tokens.extend(block[hid])
+            length = min(row["input_length"], args.max_input_tokens)
+            out.append(Arrival(at, tokens[:length], min(row["output_length"], args.max_output)))
+    return out
+
+
+WORKLOADS = {"shared-prefix": shared_prefix, "mooncake": mooncake, "no-reuse": no_reuse}
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    rejected: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+
+
+async def one_request(router: Router, rid: str, arrival: Arrival, result: Result) -> None:
+    request = EngineRequest(
+        request_id=rid,
+        model="bench",
+        token_ids=arrival.tokens,
+        stop=StopConditions(max_tokens=arrival.max_tokens, ignore_eos=True),
+    )
+    started = time.perf_counter()
+    first = last = None
+    count = 0
+    try:
+        async for out in router.generate(request):
+            now = time.perf_counter()
+            if out.cached_tokens is not None:
+                result.cached_tokens += out.cached_tokens
+            if out.token_ids:
+                if first is None:
+                    first = now
+                last = now
+                count += len(out.token_ids)
+    except Overloaded:
+        result.rejected += 1
+        return
+    except Exception:
+        result.failed += 1
+        return
+    result.prompt_tokens += len(arrival.tokens)
+    result.output_tokens += count
+    if first is not None:
+        result.ttft.append(first - started)
+        if count > 1:
+            result.itl.append((last - first) / (count - 1))
+
+
+async def run(policy: str, arrivals: list[Arrival], args) -> Result:
+    namespace = f"bench{random.getrandbits(32)}"
+    mocker = MockerConfig(
+        num_gpu_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        speedup_ratio=args.speedup,
+        max_num_batched_tokens=args.max_batched_tokens,
+    )
+    card = ModelCard(
+        name="bench",
+        source_path="",
+        context_length=args.context_length,
+        kv_block_size=args.block_size,
+        total_kv_blocks=args.kv_blocks,
+        max_num_batched_tokens=args.max_batched_tokens,
+    )
+    hosts = [await Host.start(namespace, mocker, card) for _ in range(args.workers)]
+    frontend = await Runtime.create(RuntimeConfig(namespace=namespace, discovery="mem"))
+    client = await frontend.client(GENERATE, EngineOutput)
+    await client.wait_for_instances(args.workers, timeout=10)
+    config = RouterConfig(router_mode=policy, router_seed=0)
+    router = Router(frontend, client, card, config, registry=CollectorRegistry())
+    await router.start()
+    result = Result()
+    tasks = []
+    t0 = time.perf_counter()
+    for i, arrival in enumerate(arrivals):
+        delay = t0 + arrival.at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one_request(router, f"r{i}", arrival, result)))
+    await asyncio.gather(*tasks)
+    result.seconds = time.perf_counter() - t0
+    await router.close()
+    await client.close()
+    for host in hosts:
+        await host.stop()
+    await frontend.shutdown()
+    return result
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+def report(workload: str, policy: str, r: Result) -> str:
+    ms = 1000
+    hit = r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0
+    itl = statistics.mean(r.itl) * ms if r.itl else float("nan")
+    return (
+        f"| {workload} | {policy} | {pct(r.ttft, 50) * ms:.0f} | {pct(r.ttft, 90) * ms:.0f} | "
+        f"{pct(r.ttft, 99) * ms:.0f} | {itl:.1f} | {r.output_tokens / r.seconds:.0f} | "
+        f"{r.rejected} | {r.failed} | {hit:.1%} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    fleet = parser.add_argument_group("fleet (mocker)")
+    fleet.add_argument("--speedup", type=float, default=1.0)
+    fleet.add_argument("--kv-blocks", type=int, default=1024)
+    fleet.add_argument("--block-size", type=int, default=64)
+    fleet.add_argument("--max-batched-tokens", type=int, default=8192)
+    fleet.add_argument("--context-length", type=int, default=32768)
+    load = parser.add_argument_group("poisson workloads")
+    load.add_argument("--rate", type=float, default=20.0, help="requests per second")
+    load.add_argument("--requests", type=int, default=600)
+    load.add_argument("--output-tokens", type=int, default=16)
+    load.add_argument("--tenants", type=int, default=32)
+    load.add_argument("--system-tokens", type=int, default=4096)
+    load.add_argument("--question-tokens", type=int, default=64)
+    load.add_argument("--unique-tokens", type=int, default=1024)
+    trace = parser.add_argument_group("mooncake")
+    trace.add_argument("--trace", default=str(TRACE))
+    trace.add_argument("--time-scale", type=float, default=4.0, help="replay this much faster")
+    trace.add_argument("--duration", type=float, default=60.0, help="seconds of replay")
+    trace.add_argument("--max-input-tokens", type=int, default=16384)
+    trace.add_argument("--max-output", type=int, default=32)
+    args = parser.parse_args()
+
+    workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    policies = args.policies.split(",")
+    print(
+        "| workload | policy | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL ms | "
+        "out tok/s | rejected | failed | prefix hit |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for workload in workloads:
+        arrivals = WORKLOADS[workload](args, random.Random(args.seed))
+        for policy in policies:
+            # Each run gets a fresh event loop, so fresh in-process buses too.
+            mem_discovery._stores.clear()
+            inproc_events._buses.clear()
+            result = asyncio.run(run(policy, arrivals, args))
+            print(report(workload, policy, result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
