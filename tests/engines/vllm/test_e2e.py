@@ -1,5 +1,5 @@
 """End to end: `stator frontend` + two `stator worker --engine vllm` processes (file
-discovery, ZMQ event plane, round-robin router), driven with the openai SDK."""
+discovery, ZMQ event plane, KV router), driven with the openai SDK."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def fleet(tmp_path):
 
 def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path):
     discovery = f"file:{tmp_path / 'discovery'}"
-    frontend, url = fleet.frontend(discovery, "zmq", "--router-mode", "round-robin")
+    frontend, url = fleet.frontend(discovery, "zmq", "--router-mode", "kv")
     worker_args = [
         "worker", "--engine", "vllm", "--model", str(llama_dir), "--served-model-name", "tiny",
         "--discovery", discovery, "--event-plane", "zmq", "--discovery-ttl", "5", *VLLM_FLAGS,
@@ -79,8 +79,8 @@ def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path
     assert len(completion.choices[0].logprobs.tokens) == 8
     assert all(len(top) == 2 for top in completion.choices[0].logprobs.top_logprobs)
 
-    # vLLM's prefix cache reported in usage: round-robin over two workers, so each sees
-    # the long prefix twice; the second time it is cached (vLLM's CPU block size is 128).
+    # KV events reach the router: it sends a repeated long prefix to the worker that holds
+    # it, so every repeat reports cached prompt tokens (vLLM's CPU block size is 128).
     long_prompt = "".join(f"value_{i} = compute({i}, key='k{i}')\n" for i in range(25))
     cached = []
     for i in range(4):
@@ -95,8 +95,8 @@ def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path
         usage = list(stream)[-1].usage
         assert usage.prompt_tokens > 300
         cached.append(usage.prompt_tokens_details.cached_tokens)
-    assert cached[:2] == [0, 0], cached
-    assert all(c >= 256 for c in cached[2:]), cached
+    assert cached[0] == 0, cached
+    assert all(c >= 256 for c in cached[1:]), cached
 
     # Streaming cancel: closing the stream early leaves the workers serving.
     stream = client.chat.completions.create(
