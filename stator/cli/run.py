@@ -76,6 +76,9 @@ def full_parser(spec: Any) -> argparse.ArgumentParser:
     common = _add_common_flags(parser)
     if spec is not None and spec.config_class is not None:
         add_flags(parser.add_argument_group(f"{spec.name} engine"), spec.config_class, skip=common)
+        passthrough = getattr(spec.config_class, "add_passthrough_flags", None)
+        if passthrough is not None:  # e.g. vLLM's engine arguments
+            passthrough(parser)
     return parser
 
 
@@ -88,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stator.cli.worker import second_phase, worker_model_dir
+    from stator.cli.worker import build_engine_config, second_phase, worker_model_dir
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
@@ -102,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if run_config.workers < 1:
         log.error("--workers must be at least 1, got %d", run_config.workers)
         return 2
-    engine_config = from_args(spec.config_class, parsed) if spec.config_class else None
+    engine_config = build_engine_config(spec, parsed)
     router_config = from_args(RouterConfig, parsed)
     # One --migration-limit (the router's) serves both: the workers publish it in their
     # cards, the router applies it.

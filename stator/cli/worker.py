@@ -111,6 +111,10 @@ def full_parser(spec: EngineSpec | None, prog: str = "stator worker") -> argpars
     if spec is not None and spec.config_class is not None:
         group = parser.add_argument_group(f"{spec.name} engine")
         add_flags(group, spec.config_class, skip=common)
+        # An engine with flags of its own library (vLLM's engine arguments) adds them here.
+        passthrough = getattr(spec.config_class, "add_passthrough_flags", None)
+        if passthrough is not None:
+            passthrough(parser)
     return parser
 
 
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(phase, int):
         return phase
     spec, engine_args = phase
-    engine_config = from_args(spec.config_class, engine_args) if spec.config_class else None
+    engine_config = build_engine_config(spec, engine_args)
     runtime_config = from_args(RuntimeConfig, engine_args)
     worker_config = from_args(WorkerConfig, engine_args)
     download = from_args(DownloadConfig, engine_args)
@@ -168,6 +172,17 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(serve_worker(runtime_config, worker_config, engine, model_dir))
 
 
+def build_engine_config(spec: EngineSpec, namespace: argparse.Namespace) -> Any:
+    """The engine's config; a config class with `from_namespace` also reads its
+    pass-through flags from the namespace."""
+    if spec.config_class is None:
+        return None
+    from_namespace = getattr(spec.config_class, "from_namespace", None)
+    if from_namespace is not None:
+        return from_namespace(namespace)
+    return from_args(spec.config_class, namespace)
+
+
 def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     if not config.model:
         from stator.models import bundled_model_dir
@@ -179,4 +194,12 @@ def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     return resolve_model(config.model, revision=download.revision, cache_dir=download.cache_dir)
 
 
-__all__ = ["full_parser", "load_engine_spec", "register", "run", "second_phase", "worker_model_dir"]
+__all__ = [
+    "build_engine_config",
+    "full_parser",
+    "load_engine_spec",
+    "register",
+    "run",
+    "second_phase",
+    "worker_model_dir",
+]

@@ -1,0 +1,111 @@
+"""End to end: `stator frontend` + two `stator worker --engine vllm` processes (file
+discovery, ZMQ event plane, KV router), driven with the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+
+import pytest
+
+from tests.engines.vllm.conftest import SKIP_REASON
+
+pytest.importorskip("vllm", reason=SKIP_REASON)
+
+import openai
+from tokenizers import Tokenizer
+
+from tests.e2e.fleet import Fleet, live_instances, wait_until
+from tests.engines.vllm.helpers import offline_greedy
+
+pytestmark = pytest.mark.integration
+
+VLLM_FLAGS = ("--enforce-eager", "--max-model-len", "1024", "--dtype", "float32")
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    f = Fleet(tmp_path)
+    yield f
+    # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
+    # vLLM's EngineCore and resource-tracker processes).
+    for proc in f.procs:
+        proc.signal(signal.SIGTERM)
+    for proc in f.procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    f.close()
+
+
+def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path):
+    discovery = f"file:{tmp_path / 'discovery'}"
+    frontend, url = fleet.frontend(discovery, "zmq", "--router-mode", "kv")
+    worker_args = [
+        "worker", "--engine", "vllm", "--model", str(llama_dir), "--served-model-name", "tiny",
+        "--discovery", discovery, "--event-plane", "zmq", "--discovery-ttl", "5", *VLLM_FLAGS,
+    ]  # fmt: skip
+    workers = [fleet.start("worker", *worker_args) for _ in range(2)]
+    procs = [frontend, *workers]
+    wait_until(lambda: len(live_instances(url, "tiny")) == 2, 600, "two vLLM workers", procs)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=120)
+    assert "tiny" in [m.id for m in client.models.list().data]
+
+    # Chat, streamed, with usage.
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 8
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+
+    # Completions, greedy: the same text vLLM's own offline LLM.generate produces.
+    tokenizer = Tokenizer.from_file(str(llama_dir / "tokenizer.json"))
+    prompt = "def hello(name):\n    return"
+    completion = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=8, temperature=0, logprobs=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    expected_ids = asyncio.run(
+        asyncio.to_thread(offline_greedy, llama_dir, tokenizer.encode(prompt).ids, 8, tmp_path)
+    )
+    assert completion.choices[0].text == tokenizer.decode(expected_ids)
+    assert len(completion.choices[0].logprobs.tokens) == 8
+    assert all(len(top) == 2 for top in completion.choices[0].logprobs.top_logprobs)
+
+    # KV events reach the router: it sends a repeated long prefix to the worker that holds
+    # it, so every repeat reports cached prompt tokens (vLLM's CPU block size is 128).
+    long_prompt = "".join(f"value_{i} = compute({i}, key='k{i}')\n" for i in range(25))
+    cached = []
+    for i in range(4):
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": long_prompt + f"# request {i}"}],
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        usage = list(stream)[-1].usage
+        assert usage.prompt_tokens > 300
+        cached.append(usage.prompt_tokens_details.cached_tokens)
+    assert cached[0] == 0, cached
+    assert all(c >= 256 for c in cached[1:]), cached
+
+    # Streaming cancel: closing the stream early leaves the workers serving.
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "go"}], max_tokens=500, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for n, _ in enumerate(stream):
+        if n == 2:
+            break
+    stream.close()
+    after = client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0)
+    assert after.usage.completion_tokens == 2

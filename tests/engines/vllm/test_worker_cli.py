@@ -1,0 +1,140 @@
+"""`stator worker --engine vllm`: vLLM's engine arguments pass through, and a worker whose
+vLLM engine is killed exits non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.engines.vllm.conftest import SKIP_REASON
+
+pytest.importorskip("vllm", reason=SKIP_REASON)
+
+import psutil
+
+from stator.cli.worker import build_engine_config, full_parser, load_engine_spec
+from stator.engines.vllm import VllmConfig
+from stator.engines.vllm.engine import engine_args
+from tests.procs import repo_env, stator_process
+
+pytestmark = pytest.mark.integration
+
+
+def parse(argv: list[str]) -> VllmConfig:
+    spec = load_engine_spec("vllm")
+    namespace = full_parser(spec).parse_args(argv, namespace=argparse.Namespace())
+    return build_engine_config(spec, namespace)
+
+
+def test_vllm_engine_arguments_pass_through(llama_dir):
+    model = str(llama_dir)
+    config = parse(
+        [
+            "--model",
+            "/m",
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--no-kv-events",
+            "--engine-monitor-interval",
+            "3",
+            "--enable-lora",
+            "--max-lora-rank",
+            "32",
+        ]
+    )
+    assert config.kv_events is False
+    assert config.engine_monitor_interval == 3.0
+    assert config.engine_args == {
+        "max_model_len": 512,
+        "enforce_eager": True,
+        "enable_lora": True,
+        "max_lora_rank": 32,
+    }
+    args = engine_args(config, model, "served")
+    assert args.model == model and args.served_model_name == ["served"]
+    assert args.max_model_len == 512 and args.enable_prefix_caching
+    assert args.kv_events_config is None
+    assert args.max_loras == config.default_max_loras  # one slot kept free for the base
+
+
+def test_kv_events_go_to_a_loopback_port(llama_dir):
+    import msgspec
+    from vllm.distributed.kv_events import KVEventBatch
+
+    from stator.engines.vllm.kv_events import KvEventRelay
+
+    relay = KvEventRelay.on_loopback("kv", msgspec.msgpack.Decoder(KVEventBatch))
+    try:
+        assert relay.endpoint.startswith("tcp://127.0.0.1:")
+        model = str(llama_dir)
+        args = engine_args(parse(["--model", model]), model, "served", relay.endpoint)
+        assert args.kv_events_config.endpoint == relay.endpoint
+        assert args.kv_events_config.enable_kv_cache_events
+    finally:
+        relay.close()
+
+
+def test_stator_owns_model_and_served_name_flags():
+    config = parse(["--model", "/m", "--served-model-name", "x", "--reasoning-parser", "qwen3"])
+    assert config.engine_args == {}
+
+
+def test_help_lists_stator_and_vllm_flags():
+    proc = stator_process("worker", "--engine", "vllm", "--help", stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    for flag in ("--health-check-interval", "--engine-monitor-interval", "--kv-events"):
+        assert flag in out
+    for flag in ("--enforce-eager", "--max-model-len", "--enable-lora", "--kv-events-config"):
+        assert flag in out
+    assert "vLLM engine arguments" in out
+
+
+def test_stator_run_help_lists_vllm_flags():
+    proc = stator_process("run", "--engine", "vllm", "--help", stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert "--enforce-eager" in out and "--workers" in out and "vLLM engine arguments" in out
+
+
+def test_worker_exits_nonzero_when_vllm_engine_dies(llama_dir, tmp_path):
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        proc = stator_process(
+            "worker",
+            "--engine",
+            "vllm",
+            "--model",
+            str(llama_dir),
+            "--enforce-eager",
+            "--max-model-len",
+            "512",
+            "--engine-monitor-interval",
+            "0.5",
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=repo_env(),
+        )
+    try:
+        deadline = time.monotonic() + 400
+        while "serving model" not in log_path.read_text():
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "worker never came up"
+            time.sleep(0.5)
+        engine_procs = psutil.Process(proc.pid).children(recursive=True)
+        assert engine_procs
+        for child in engine_procs:
+            os.kill(child.pid, signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+        assert rc != 0, log_path.read_text()[-3000:]
+        assert "engine died" in log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
