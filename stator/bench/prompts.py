@@ -11,6 +11,8 @@ the real count).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
 from pathlib import Path
 
@@ -254,18 +256,21 @@ class PromptSource:
 
     def text(self, num_tokens: int, key: object) -> str:
         """About `num_tokens` tokens of text, a pure function of (seed, key)."""
+        if num_tokens <= 0:
+            return ""
         rng = random.Random(f"{self.seed}:{key}")
-        out: list[str] = []
-        total = 0
-        while total < num_tokens:
-            word = rng.choice(self.words)
-            length = self.lengths[word]
-            if total + length > num_tokens:
-                word = rng.choice(self.fillers)
-                length = self.lengths[word]
-            out.append(word)
-            total += length
-        return " " + " ".join(out) if out else ""
+        # One draw for the bulk (every word is at least one token, so `num_tokens` words
+        # always suffice), cut where the running token count would pass the target; then
+        # one-token words fill the rest. Per-word draws cost ~1.7 ms per 512-token prompt.
+        picks = rng.choices(self.words, k=num_tokens)
+        lengths = self.lengths
+        running = list(itertools.accumulate(lengths[w] for w in picks))
+        cut = bisect.bisect_right(running, num_tokens)
+        words = picks[:cut]
+        remaining = num_tokens - (running[cut - 1] if cut else 0)
+        if remaining > 0:
+            words += rng.choices(self.fillers, k=remaining)
+        return " " + " ".join(words)
 
     def blocks(self, hash_ids: list[int], block_tokens: int, total_tokens: int) -> str:
         """A prompt built from shared blocks: equal hash ids give equal text, so prefix
