@@ -6,11 +6,13 @@ the fields we need, so the client stays far below a millisecond of CPU per reque
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import msgspec
+
+from stator.bench.http import HttpClient, HttpError
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -104,81 +106,113 @@ def build_body(
 
 
 async def send(
-    session: aiohttp.ClientSession,
-    url: str,
+    http: HttpClient,
+    path: str,
     body: dict[str, Any],
     record: RequestRecord,
     keep_text: bool = False,
+    timeout: float = 600.0,
 ) -> RequestRecord:
-    """POST `body` to `url` and fill `record` with timings, usage and status."""
+    """POST `body` to `path` and fill `record` with timings, usage and status."""
     clock = time.perf_counter
     t0 = clock()
     pieces: list[str] = []
+    resp = None
     try:
-        async with session.post(url, json=body) as resp:
+        async with asyncio.timeout(timeout):
+            resp = await http.request("POST", path, _encode(body))
             record.status = resp.status
             if resp.status != 200:
-                record.error = (await resp.text())[:500]
-                return record
-            if body.get("stream"):
+                record.error = (await resp.read()).decode(errors="replace")[:500]
+            elif body.get("stream"):
                 await _read_stream(resp, record, t0, pieces if keep_text else None)
             else:
                 chunk = _decode_chunk(await resp.read())
-                now = clock() - t0
-                record.ttft = record.latency = now
+                record.ttft = record.latency = clock() - t0
                 _apply_usage(record, chunk.usage)
                 if keep_text and chunk.choices:
                     pieces.append(_choice_text(chunk.choices[0]))
-    except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+    except (HttpError, TimeoutError, msgspec.DecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if resp is not None:
+            http.release(resp)
     if record.latency is None and record.error is None:
         record.latency = clock() - t0
     record.text = "".join(pieces)
     return record
 
 
-async def _read_stream(
-    resp: aiohttp.ClientResponse, record: RequestRecord, t0: float, pieces: list[str] | None
-) -> None:
-    # Reads whatever bytes have arrived and splits the SSE lines here: aiohttp's per-line
-    # reader costs several calls per line (two lines per token), which made the client
-    # spend 2-3 ms of CPU per 64-token request. Lines that arrive in one read share its
-    # arrival time, which is when the client could first have seen them.
-    clock = time.perf_counter
-    times = record.chunk_times
-    done = False
-    tail = b""
-    async for data in resp.content.iter_any():
-        now = clock() - t0
-        lines = (tail + data).split(b"\n") if tail else data.split(b"\n")
-        tail = lines.pop()  # an incomplete last line waits for the next read
+class _SSEReader:
+    """Splits a streamed body into SSE lines and records each event's arrival; fed from
+    the connection's protocol callback (see `HttpClient.deliver_to`)."""
+
+    __slots__ = ("done", "pieces", "record", "t0", "tail")
+
+    def __init__(self, record: RequestRecord, t0: float, pieces: list[str] | None) -> None:
+        self.record, self.t0, self.pieces = record, t0, pieces
+        self.tail = b""
+        self.done = False
+
+    def feed(self, arrived: float, data: bytes) -> None:
+        record = self.record
+        if self.done or record.error is not None:
+            return
+        # Everything that arrived together shares the time its first bytes came in: when
+        # the client could first have seen those tokens.
+        now = arrived - self.t0
+        lines = (self.tail + data).split(b"\n") if self.tail else data.split(b"\n")
+        self.tail = lines.pop()  # an incomplete last line waits for the next read
         for line in lines:
             if not line.startswith(b"data:"):
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":
                 record.latency = now
-                done = True
-                break
-            chunk = _decode_chunk(payload)
+                self.done = True
+                return
+            try:
+                chunk = _decode_chunk(payload)
+            except msgspec.DecodeError as exc:
+                record.error = f"undecodable event: {exc}"
+                return
             if chunk.error is not None:
                 record.error = str(chunk.error)[:500]
-                break
+                return
             if chunk.choices and any(_has_output(c) for c in chunk.choices):
-                times.append(now)
-                if pieces is not None:
-                    pieces.append(_choice_text(chunk.choices[0]))
+                record.chunk_times.append(now)
+                if self.pieces is not None:
+                    self.pieces.append(_choice_text(chunk.choices[0]))
             if chunk.usage is not None:
                 _apply_usage(record, chunk.usage)
-        if done or record.error is not None:
-            break
-    if times:
-        record.ttft = times[0]
-        record.ttst = times[1] if len(times) > 1 else None
-    if not done and record.error is None:
-        record.error = "stream ended before data: [DONE]"
-    if record.latency is None:
-        record.latency = clock() - t0
+
+    def finish(self) -> None:
+        record = self.record
+        times = record.chunk_times
+        if times:
+            record.ttft = times[0]
+            record.ttst = times[1] if len(times) > 1 else None
+        if not self.done and record.error is None:
+            record.error = "stream ended before data: [DONE]"
+        if record.latency is None:
+            record.latency = time.perf_counter() - self.t0
+
+
+async def _read_stream(
+    resp: Any, record: RequestRecord, t0: float, pieces: list[str] | None
+) -> None:
+    reader = _SSEReader(record, t0, pieces)
+    resp.deliver_to(reader.feed)
+    try:
+        await resp.wait()
+    except HttpError:
+        if not reader.done:  # a connection cut after [DONE] loses nothing
+            reader.finish()
+            raise
+    reader.finish()
+
+
+_encode = msgspec.json.Encoder().encode
 
 
 def _apply_usage(record: RequestRecord, usage: _Usage | None) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from stator.bench.client import RequestRecord, build_body, send
 from stator.bench.config import BenchConfig
+from stator.bench.http import HttpClient, HttpError
 from stator.bench.metrics import parse_slos, summarize
 from stator.bench.prompts import PromptSource
 from stator.bench.schedule import arrival_times
@@ -40,21 +41,28 @@ class BenchResult(msgspec.Struct, kw_only=True):
     points: list[PointResult]
 
 
+def _base(cfg: BenchConfig) -> str:
+    """The server's root URL (a trailing /v1 is accepted and dropped)."""
+    return cfg.url.rstrip("/").removesuffix("/v1")
+
+
 def _path(cfg: BenchConfig) -> str:
-    base = cfg.url.rstrip("/")
-    if not base.endswith("/v1"):
-        base += "/v1"
-    return base + ("/chat/completions" if cfg.endpoint == "chat" else "/completions")
+    return "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
 
 
-async def resolve_model(session: aiohttp.ClientSession, cfg: BenchConfig) -> str:
+async def resolve_model(http: HttpClient, cfg: BenchConfig) -> str:
     if cfg.model:
         return cfg.model
-    base = cfg.url.rstrip("/").removesuffix("/v1")
-    async with session.get(base + "/v1/models") as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"GET {base}/v1/models answered {resp.status}; pass --model")
-        data = await resp.json()
+    base = _base(cfg)
+    try:
+        resp = await http.request("GET", "/v1/models")
+        raw = await resp.read()
+    except HttpError as exc:
+        raise RuntimeError(f"GET {base}/v1/models failed: {exc}") from exc
+    http.release(resp)
+    if resp.status != 200:
+        raise RuntimeError(f"GET {base}/v1/models answered {resp.status}; pass --model")
+    data = json.loads(raw)
     models = [m["id"] for m in data.get("data", [])]
     if not models:
         raise RuntimeError(f"{base} serves no model yet; pass --model or wait for a worker")
@@ -62,9 +70,9 @@ async def resolve_model(session: aiohttp.ClientSession, cfg: BenchConfig) -> str
 
 
 class _Sender:
-    def __init__(self, session: aiohttp.ClientSession, cfg: BenchConfig, model: str) -> None:
-        self.session, self.cfg, self.model = session, cfg, model
-        self.url = _path(cfg)
+    def __init__(self, http: HttpClient, cfg: BenchConfig, model: str) -> None:
+        self.http, self.cfg, self.model = http, cfg, model
+        self.path = _path(cfg)
         self.t0 = time.perf_counter()
 
     async def one(
@@ -86,7 +94,7 @@ class _Sender:
         record = RequestRecord(
             index=spec.index, start=time.perf_counter() - self.t0, session=session_id, turn=turn
         )
-        return await send(self.session, self.url, body, record, keep_text)
+        return await send(self.http, self.path, body, record, keep_text, self.cfg.timeout)
 
 
 async def closed_loop(
@@ -219,11 +227,10 @@ async def run_benchmark(
     """Run the whole benchmark described by `cfg` and return every record and summary."""
     parse_slos(cfg.slo)  # fail before sending anything
     progress = progress or (lambda n: None)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=cfg.timeout)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        model = await resolve_model(session, cfg)
-        sender = _Sender(session, cfg, model)
+    http = HttpClient(_base(cfg), timeout=cfg.timeout)
+    try:
+        model = await resolve_model(http, cfg)
+        sender = _Sender(http, cfg, model)
         if cfg.warmup:
             warm = synthetic(cfg, cfg.warmup, salt="warmup")
             await closed_loop(sender, warm, cfg.concurrency, lambda n: None)
@@ -233,6 +240,8 @@ async def run_benchmark(
             points.append(point)
             if on_point is not None:
                 on_point(point)
+    finally:
+        http.close()
     return BenchResult(
         tag=cfg.tag or cfg.url,
         url=cfg.url,

@@ -3,11 +3,11 @@
 import itertools
 import json
 
-import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from stator.bench.client import RequestRecord, send
+from stator.bench.http import HttpClient
 
 
 def sse_events(texts: list[str], usage: dict, newline: bytes = b"\n") -> bytes:
@@ -33,10 +33,13 @@ async def read_with_cuts(body: bytes, cuts: list[int]) -> RequestRecord:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    async with TestServer(app, host="127.0.0.1") as server, aiohttp.ClientSession() as session:
-        url = str(server.make_url("/v1/chat/completions"))
+    async with TestServer(app, host="127.0.0.1") as server:
+        http = HttpClient(str(server.make_url("")))
         record = RequestRecord(index=0, start=0.0)
-        return await send(session, url, {"stream": True}, record, keep_text=True)
+        try:
+            return await send(http, "/v1/chat/completions", {"stream": True}, record, True)
+        finally:
+            http.close()
 
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}

@@ -1,0 +1,244 @@
+"""A minimal HTTP/1.1 client for the benchmark's hot path.
+
+aiohttp spends about 2 ms of CPU per streamed 64-token response on per-chunk bookkeeping
+(reader objects, flow control, one event per HTTP chunk), which is as much as the server
+being measured. This client is an asyncio `Protocol` that parses the response head and the
+chunked body itself and hands the consumer everything that has arrived in one piece,
+stamped with the time its first bytes arrived. It does only what the benchmark needs:
+POST/GET with a body, keep-alive connections to one host, `Content-Length` or chunked
+bodies. It is not a general-purpose client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlsplit
+
+
+class HttpError(Exception):
+    """The connection failed or the response was malformed."""
+
+
+class _Response(asyncio.Protocol):
+    """One connection; one request at a time on it (HTTP/1.1 keep-alive)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._reset()
+        self.closed = False
+
+    def _reset(self) -> None:
+        self._head = b""
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._head_done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wake: asyncio.Future[None] | None = None
+        self._body: list[bytes] = []
+        self._arrived: float | None = None  # when the oldest unread body bytes came in
+        self._chunked = False
+        self._remaining = 0  # Content-Length bytes still to come, or of the current chunk
+        self._raw = b""  # undecoded chunked framing
+        self.finished = False
+        self.keep_alive = True
+        self._error: Exception | None = None
+        self._sink: Callable[[float, bytes], None] | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        try:
+            if not self._head_done.done():
+                self._head += data
+                end = self._head.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                data = self._head[end + 4 :]
+                self._parse_head(self._head[:end])
+                self._head_done.set_result(None)
+            if data:
+                self._feed_body(data, now)
+                if self._sink is not None and self._body:
+                    self._flush_to_sink()
+        except (ValueError, HttpError) as exc:
+            self._error = HttpError(f"malformed HTTP response: {exc}")
+            if not self._head_done.done():
+                self._head_done.set_exception(self._error)
+            if self.transport is not None:
+                self.transport.close()
+        self._signal()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.finished:
+            self._error = HttpError(f"connection closed before the response ended ({exc})")
+        if not self._head_done.done():
+            self._head_done.set_exception(self._error or HttpError("connection closed"))
+        self._signal()
+
+    # -- parsing ---------------------------------------------------------------------
+
+    def _parse_head(self, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+            raise HttpError(f"not an HTTP response: {lines[0]!r}")
+        self.status = int(parts[1])
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            self.headers[name.strip().lower()] = value.strip()
+        self._chunked = self.headers.get("transfer-encoding", "").lower() == "chunked"
+        self.keep_alive = self.headers.get("connection", "").lower() != "close"
+        if not self._chunked:
+            self._remaining = int(self.headers.get("content-length", "0"))
+            self.finished = self._remaining == 0
+
+    def _feed_body(self, data: bytes, now: float) -> None:
+        if self._arrived is None:
+            self._arrived = now
+        if not self._chunked:
+            self._body.append(data)
+            self._remaining -= len(data)
+            self.finished = self._remaining <= 0
+            return
+        raw = self._raw + data if self._raw else data
+        pos = 0
+        while True:
+            if self._remaining > 0:  # inside a chunk's data
+                take = raw[pos : pos + self._remaining]
+                self._body.append(take)
+                self._remaining -= len(take)
+                pos += len(take)
+                if self._remaining > 0:
+                    break
+                self._remaining = -2  # the CRLF after the chunk data
+            if self._remaining == -2:
+                if len(raw) - pos < 2:
+                    break
+                pos += 2
+                self._remaining = 0
+            end = raw.find(b"\r\n", pos)
+            if end < 0:
+                break
+            size = int(raw[pos:end].split(b";", 1)[0], 16)
+            pos = end + 2
+            if size == 0:
+                self.finished = True  # trailers are not used by the servers we measure
+                break
+            self._remaining = size
+        self._raw = raw[pos:]
+        if not self._body and self._arrived == now:
+            self._arrived = None
+
+    def _signal(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def _flush_to_sink(self) -> None:
+        data = b"".join(self._body)
+        arrived = self._arrived or time.perf_counter()
+        self._body.clear()
+        self._arrived = None
+        assert self._sink is not None
+        self._sink(arrived, data)
+
+    # -- consumer side ---------------------------------------------------------------
+
+    def deliver_to(self, sink: Callable[[float, bytes], None]) -> None:
+        """Hand body bytes to `sink(arrival time, data)` from the protocol callback itself,
+        as they arrive: no task switch per network read, which is most of a streaming
+        client's cost. Use `wait()` for the end of the response."""
+        self._sink = sink
+        if self._body:
+            self._flush_to_sink()
+
+    async def wait(self) -> None:
+        """Until the whole body arrived (raises if the connection broke first)."""
+        while not self.finished:
+            if self._error is not None:
+                raise self._error
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+            self._wake = None
+
+    async def head(self) -> None:
+        await self._head_done
+
+    async def chunks(self) -> AsyncIterator[tuple[float, bytes]]:
+        """(arrival time, bytes) of everything received since the last step, to the end."""
+        while True:
+            if self._body:
+                data = b"".join(self._body)
+                arrived = self._arrived or time.perf_counter()
+                self._body.clear()
+                self._arrived = None
+                yield arrived, data
+                continue
+            if self.finished:
+                return
+            if self._error is not None:
+                raise self._error
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+            self._wake = None
+
+    async def read(self) -> bytes:
+        return b"".join([data async for _, data in self.chunks()])
+
+
+class HttpClient:
+    """Keep-alive connections to one base URL; `request` borrows an idle one or opens one."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http":
+            raise ValueError(f"only http:// URLs are supported, got {base_url!r}")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self._idle: list[_Response] = []
+
+    async def _connection(self) -> _Response:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                conn._reset()
+                return conn
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(_Response, self.host, self.port)
+        except OSError as exc:
+            raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        return conn
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> _Response:
+        """Send a request; returns once the response head arrived (read the body from the
+        returned object, then call `release`)."""
+        conn = await self._connection()
+        head = (
+            f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode("latin-1")
+        assert conn.transport is not None
+        conn.transport.write(head + body)
+        await asyncio.wait_for(conn.head(), self.timeout)
+        return conn
+
+    def release(self, conn: _Response) -> None:
+        """Give the connection back when its response was read whole."""
+        if conn.finished and conn.keep_alive and not conn.closed:
+            self._idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.close()
+
+    def close(self) -> None:
+        for conn in self._idle:
+            if conn.transport is not None:
+                conn.transport.close()
+        self._idle.clear()

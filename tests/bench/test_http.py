@@ -1,0 +1,91 @@
+"""The benchmark's HTTP/1.1 client: response parsing however the bytes are cut, keep-alive
+reuse, and failures reported as errors (never a hang)."""
+
+import asyncio
+import itertools
+import random
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from stator.bench.client import RequestRecord, send
+from stator.bench.http import HttpClient, HttpError, _Response
+from tests.procs import free_port
+
+
+def chunked(parts: list[bytes]) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return body + b"0\r\n\r\n"
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def feed(raw: bytes, cuts: list[int]) -> tuple[_Response, bytes]:
+    resp = _Response()
+    edges = [0, *sorted(set(cuts)), len(raw)]
+    for a, b in itertools.pairwise(edges):
+        if b > a:
+            resp.data_received(raw[a:b])
+    await resp.head()
+    return resp, await resp.read()
+
+
+async def test_chunked_body_cut_anywhere():
+    parts = [b"data: one\n\n", b"data: two\n\n", b"x" * 300, b"data: [DONE]\n\n"]
+    raw = HEAD + chunked(parts)
+    rng = random.Random(5)
+    for _ in range(200):
+        cuts = rng.sample(range(1, len(raw)), rng.randint(0, 25))
+        resp, body = await feed(raw, cuts)
+        assert resp.status == 200 and resp.finished and body == b"".join(parts)
+    for cut in range(1, len(raw)):
+        assert (await feed(raw, [cut]))[1] == b"".join(parts)
+
+
+async def test_content_length_body_and_close_header():
+    raw = b'HTTP/1.1 404 Not Found\r\nContent-Length: 11\r\nConnection: close\r\n\r\n{"error":1}'
+    resp, body = await feed(raw, [20, 70])
+    assert resp.status == 404 and body == b'{"error":1}' and not resp.keep_alive
+
+
+async def test_malformed_head_is_an_error():
+    resp = _Response()
+    resp.data_received(b"SMTP ready\r\n\r\n")
+    with pytest.raises(HttpError):
+        await resp.head()
+
+
+async def test_against_a_server_keep_alive_and_failures():
+    calls = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        calls.append(await request.read())
+        if request.path == "/slow":
+            await asyncio.sleep(5)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(3):
+            await resp.write(b"piece%d;" % i)
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/{name}", handler)
+    async with TestServer(app, host="127.0.0.1") as server:
+        http = HttpClient(str(server.make_url("")), timeout=5)
+        for _ in range(3):
+            resp = await http.request("POST", "/a", b'{"k": 1}')
+            assert await resp.read() == b"piece0;piece1;piece2;"
+            http.release(resp)
+        assert len(http._idle) == 1  # one connection, reused
+        assert calls == [b'{"k": 1}'] * 3
+        # A request past its time limit is an error on its record, not a hang.
+        record = await send(http, "/slow", {}, RequestRecord(index=0, start=0.0), timeout=0.3)
+        assert record.error is not None and "Timeout" in record.error
+        http.close()
+    refused = HttpClient(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(HttpError, match="cannot connect"):
+        await refused.request("GET", "/")
+    with pytest.raises(ValueError):
+        HttpClient("https://example.invalid")
