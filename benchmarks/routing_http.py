@@ -187,8 +187,10 @@ SYSTEMS = {"stator": start_stator, "dynamo": start_dynamo}
 # -- workloads ---------------------------------------------------------------------------
 
 
-def windowed_trace(args, path: Path) -> Path:
-    """The trace's first `trace_window` seconds with outputs and inputs capped."""
+def windowed_trace(args, path: Path) -> int:
+    """Write the trace's first `trace_window` seconds, outputs and inputs capped, to
+    `path`; return the number of requests written."""
+    rows = 0
     max_blocks = -(-args.max_input_tokens // 512)
     with open(args.trace) as src, open(path, "w") as dst:
         for line in src:
@@ -199,7 +201,8 @@ def windowed_trace(args, path: Path) -> Path:
             row["output_length"] = min(row["output_length"], args.max_output)
             row["hash_ids"] = row["hash_ids"][:max_blocks]
             dst.write(json.dumps(row) + "\n")
-    return path
+            rows += 1
+    return rows
 
 
 def workload_flags(name: str, args, work: Path) -> list[str]:
@@ -217,8 +220,8 @@ def workload_flags(name: str, args, work: Path) -> list[str]:
             *rate(args.no_reuse_rate), "--num-requests", str(args.requests),
             "--isl", str(args.unique_tokens), "--osl", str(args.output_tokens),
         ]  # fmt: skip
-    trace = windowed_trace(args, work / "trace.jsonl")
-    rows = sum(1 for _ in open(trace))
+    trace = work / "trace.jsonl"
+    rows = windowed_trace(args, trace)
     return [
         "--trace", str(trace), "--trace-block-size", "512",
         "--time-scale", str(args.time_scale), "--num-requests", str(rows),
