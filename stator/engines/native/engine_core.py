@@ -99,6 +99,10 @@ class EngineCore:
     # -- one step ------------------------------------------------------------------------
 
     def step(self) -> list[tuple[str, EngineOutput]]:
+        with self.runner.step_scope(), torch.inference_mode():
+            return self._step()
+
+    def _step(self) -> list[tuple[str, EngineOutput]]:
         batch = self.scheduler.schedule()
         if not batch:
             return []
