@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stator.engines.native.config import NativeConfig
 from stator.engines.native.engine_core import EngineCore
+from stator.engines.native.model_runner import cpu_step_threads
 from stator.protocols import EngineRequest, SamplingOptions, StopConditions
 
 
@@ -116,7 +117,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of both (0 = each one's default: torch's for transformers, "
+        "all cores but one for the engine's steps)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs; best kept")
     args = parser.parse_args()
     if args.threads:
@@ -143,7 +150,8 @@ def main() -> None:
     print(
         f"model: llama hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, "
         f"{args.num_requests} requests x {args.input_len} in / {args.output_len} out, "
-        f"torch threads={torch.get_num_threads()}, best of {args.repeats} alternating runs"
+        f"torch threads: transformers {torch.get_num_threads()}, native engine steps "
+        f"{cpu_step_threads(args.threads)}; best of {args.repeats} alternating runs"
     )
     for label, index in (("wall", 0), ("cpu", 1)):
         hf_s = min(r[index] for r in hf_runs)
