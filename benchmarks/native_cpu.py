@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stator.engines.native.config import NativeConfig
 from stator.engines.native.engine_core import EngineCore
-from stator.engines.native.model_runner import cpu_step_threads
 from stator.protocols import EngineRequest, SamplingOptions, StopConditions
 
 
@@ -122,7 +121,7 @@ def main() -> None:
         type=int,
         default=0,
         help="torch threads of both (0 = each one's default: torch's for transformers, "
-        "all cores but one for the engine's steps)",
+        "measured per step for the engine)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs; best kept")
     args = parser.parse_args()
@@ -150,8 +149,8 @@ def main() -> None:
     print(
         f"model: llama hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, "
         f"{args.num_requests} requests x {args.input_len} in / {args.output_len} out, "
-        f"torch threads: transformers {torch.get_num_threads()}, native engine steps "
-        f"{cpu_step_threads(args.threads)}; best of {args.repeats} alternating runs"
+        f"torch threads: transformers {torch.get_num_threads()}, native engine "
+        f"{args.threads or 'measured per step (1 or 2)'}; best of {args.repeats} alternating runs"
     )
     for label, index in (("wall", 0), ("cpu", 1)):
         hf_s = min(r[index] for r in hf_runs)

@@ -56,8 +56,8 @@ class NativeConfig:
     seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")
     cpu_threads: int = option(
         0,
-        "torch intra-op threads of the engine's steps on the CPU (0 = all cores but one, "
-        "which is left to the event loop)",
+        "torch intra-op threads of the engine's steps on the CPU (0 = measured: all cores "
+        "or half of them, whichever steps faster under the current load)",
     )
     attention_backend: str = option(
         "auto",

@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import torch
 from stator.engines.native.attention import AttentionBackend, TorchAttention
 from stator.engines.native.config import ModelSpec, NativeConfig, parse_bytes
 from stator.engines.native.context import StepContext, set_context
+from stator.engines.native.cpu_threads import StepThreads
 from stator.engines.native.cuda_graphs import DecodeGraphs
 from stator.engines.native.layers import Linear
 from stator.engines.native.loader import load_weights
@@ -79,7 +78,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, spec, self.device)
         self.block_size = config.block_size
-        self.step_threads = cpu_step_threads(config.cpu_threads)
+        self.threads = StepThreads(config.cpu_threads) if self.device.type == "cpu" else None
         self.backend = backend or make_backend(config.attention_backend, self.device)
         self.max_model_len = max_model_len
         self.sliding_window = spec.sliding_window
@@ -249,12 +248,12 @@ class ModelRunner:
             plain_decode=max(num_new) == 1 and logits_rows == list(range(len(seqs))),
         )
 
-    def step_scope(self) -> contextlib.AbstractContextManager[None]:
+    def step_scope(self, decode: bool, tokens: int) -> contextlib.AbstractContextManager:
         """Wraps a whole engine step (inputs, forward pass, sampling): on the CPU it runs
-        with the engine's intra-op thread count."""
-        if self.device.type != "cpu":
+        on the intra-op thread count `StepThreads` picks, and is timed for it."""
+        if self.threads is None:
             return contextlib.nullcontext()
-        return intra_op_threads(self.step_threads)
+        return self.threads.scope(decode, tokens)
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
@@ -273,32 +272,6 @@ class ModelRunner:
         finally:
             set_context(None)
         return self.model.compute_logits(hidden[inputs.logits_rows]).float()
-
-
-def cpu_step_threads(configured: int) -> int:
-    """Intra-op threads for the engine's steps on the CPU. By default all cores but one:
-    the process also runs the event loop (and the step thread waits on OpenMP workers at
-    every op), so a pool as wide as the machine oversubscribes it, and a worker that loses
-    its core stalls every op of the step (on a busy 2-core box, 10-20x slower steps)."""
-    if configured > 0:
-        return configured
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(torch.get_num_threads(), (cores or 1) - 1))
-
-
-@contextlib.contextmanager
-def intra_op_threads(n: int) -> Iterator[None]:
-    """torch's intra-op threads set to `n` for the calling thread while inside (OpenMP keeps
-    the count per thread; restored on exit so the caller's own torch work is unaffected)."""
-    previous = torch.get_num_threads()
-    if previous == n:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _block_table(block_ids: list[list[int]]) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""The CPU thread policy: each engine step runs with the engine's intra-op thread count and
-leaves the caller's own torch setting as it found it."""
+"""The CPU thread policy: each step runs on the engine's chosen intra-op thread count
+(fixed, or measured between two counts) and leaves the caller's own setting as it was."""
 
 from __future__ import annotations
 
@@ -8,29 +8,63 @@ import threading
 import torch
 
 from stator.engines.native.config import NativeConfig
+from stator.engines.native.cpu_threads import StepThreads, intra_op_threads
 from stator.engines.native.engine_core import EngineCore
-from stator.engines.native.model_runner import cpu_step_threads, intra_op_threads
 from tests.engines.native.models import greedy_request, prompt
 
 
-def test_configured_thread_count_wins():
-    assert cpu_step_threads(3) == 3
+def feed(policy: StepThreads, cost: dict[int, float], steps: int) -> list[int]:
+    """Run `steps` decode steps where count n costs cost[n] seconds; the counts picked."""
+    picked = []
+    for _ in range(steps):
+        n = policy.pick(decode=True)
+        picked.append(n)
+        policy.record(True, n, cost[n] * 16, 16)
+    return picked
 
 
-def test_default_leaves_a_core_free_and_is_at_least_one():
-    n = cpu_step_threads(0)
-    assert 1 <= n <= max(1, torch.get_num_threads())
+def test_a_configured_count_is_the_only_candidate():
+    policy = StepThreads(3, widest=8)
+    assert policy.candidates == [3]
+    assert set(feed(policy, {3: 1.0}, 20)) == {3}
 
 
-def test_intra_op_threads_restores_the_callers_count():
+def test_default_candidates_are_the_widest_count_and_half():
+    assert StepThreads(0, widest=8).candidates == [8, 4]
+    assert StepThreads(0, widest=2).candidates == [2, 1]
+    assert StepThreads(0, widest=1).candidates == [1]
+    assert 1 <= StepThreads(0).candidates[-1] <= StepThreads(0).candidates[0]
+
+
+def test_settles_on_the_faster_count_and_probes_the_other_rarely():
+    picked = feed(StepThreads(0, widest=2), {2: 1.0, 1: 3.0}, 300)
+    assert picked[:2] == [2, 1]  # each tried once
+    assert picked[2:].count(1) <= 6  # probes back off
+    picked = feed(StepThreads(0, widest=2), {2: 3.0, 1: 1.0}, 300)
+    assert picked[2:].count(2) <= 6
+
+
+def test_switches_when_load_slows_the_current_count():
+    policy = StepThreads(0, widest=2)
+    feed(policy, {2: 1.0, 1: 1.5}, 50)
+    assert policy.pick(decode=True) == 2
+    picked = feed(policy, {2: 10.0, 1: 1.5}, 20)  # another process takes a core
+    assert picked[0] == 2 and picked[1] == 1  # one slow step is enough to switch
+    assert picked[1:].count(2) <= 1  # then at most one probe of the slow count
+
+
+def test_decode_and_prefill_are_measured_apart():
+    policy = StepThreads(0, widest=2)
+    feed(policy, {2: 3.0, 1: 1.0}, 10)
+    assert policy.pick(decode=True) == 1
+    assert policy.pick(decode=False) == 2  # prefill: untried, starts from the widest
+
+
+def test_intra_op_threads_restores_the_callers_count_even_after_an_error():
     before = torch.get_num_threads()
     with intra_op_threads(before + 1):
         assert torch.get_num_threads() == before + 1
     assert torch.get_num_threads() == before
-
-
-def test_intra_op_threads_restores_after_an_error():
-    before = torch.get_num_threads()
     try:
         with intra_op_threads(before + 1):
             raise KeyError("boom")
@@ -39,7 +73,7 @@ def test_intra_op_threads_restores_after_an_error():
     assert torch.get_num_threads() == before
 
 
-def test_a_step_runs_with_the_engines_threads_and_restores_the_callers(llama):
+def test_a_step_runs_on_the_engines_count_and_restores_the_callers(llama):
     model_dir, _ = llama
     config = NativeConfig(device="cpu", dtype="float32", kv_cache_memory="4MiB", cpu_threads=2)
     core = EngineCore(config, model_dir)
