@@ -10,6 +10,7 @@ throughput of both and their ratio.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -166,6 +167,13 @@ def main() -> None:
         "native",
         [round(r[0], 2) for r in nat_runs],
     )
+    for label, index in (("wall", 0), ("cpu", 1)):
+        hf_s = statistics.median(r[index] for r in hf_runs)
+        nat_s = statistics.median(r[index] for r in nat_runs)
+        print(
+            f"median {label:4s}: transformers {hf_s:6.2f} s  native {nat_s:6.2f} s  "
+            f"ratio {hf_s / nat_s:.2f}x"
+        )
     print(f"identical greedy outputs: {same}/{args.num_requests}")
 
 

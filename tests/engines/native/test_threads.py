@@ -107,3 +107,21 @@ def test_the_count_is_per_thread():
     t.join()
     assert inside == [before + 1]
     assert torch.get_num_threads() == before
+
+
+def test_tokens_do_not_depend_on_the_thread_count(llama):
+    model_dir, _ = llama
+    outputs = []
+    for threads in (1, 2):
+        config = NativeConfig(
+            device="cpu", dtype="float32", kv_cache_memory="4MiB", cpu_threads=threads
+        )
+        core = EngineCore(config, model_dir)
+        for i in range(4):
+            core.add_request(greedy_request(f"r{i}", prompt(i, 12 + 3 * i), 8))
+        tokens: dict[str, list[int]] = {}
+        while core.has_work():
+            for rid, out in core.step():
+                tokens.setdefault(rid, []).extend(out.token_ids)
+        outputs.append(tokens)
+    assert outputs[0] == outputs[1]
