@@ -20,7 +20,10 @@ from collections.abc import Iterator
 
 import torch
 
-_EWMA = 0.3  # weight of the newest sample in a running step-time estimate
+_EWMA = 0.2  # weight of the newest sample in a running step-time estimate
+# Another count must be this much cheaper to take over: one step slowed 2-3x by a hiccup
+# does not move the engine off the faster count, a core lost to another process does.
+_MARGIN = 1.1
 _FIRST_PROBE_AFTER = 16  # steps on the chosen count before the other one is tried again
 _MAX_PROBE_AFTER = 512  # probing backs off to at most one step in this many
 
@@ -81,11 +84,13 @@ class _Kind:
         return self.current
 
     def record(self, threads: int, seconds_per_token: float) -> None:
-        """Switch as soon as another count's estimate beats the current one's: at once when
-        a probe wins, or when load slows the current count past the other's last cost."""
+        """Switch as soon as another count's estimate beats the current one's by the margin:
+        when a probe wins, or when load slows the current count past the other's last cost."""
         self.arms[threads].record(seconds_per_token)
         best = min(self.arms, key=lambda n: _cost(self.arms[n]))
-        if best != self.current:
+        if best != self.current and _cost(self.arms[best]) * _MARGIN < _cost(
+            self.arms[self.current]
+        ):
             self.current = best
             self.probe_after = _FIRST_PROBE_AFTER
             self.since_probe = 0

@@ -53,6 +53,14 @@ def test_switches_when_load_slows_the_current_count():
     assert picked[1:].count(2) <= 1  # then at most one probe of the slow count
 
 
+def test_one_slow_step_does_not_move_it_off_the_faster_count():
+    policy = StepThreads(0, widest=2)
+    feed(policy, {2: 1.0, 1: 1.3}, 50)
+    assert policy.pick(decode=True) == 2
+    policy.record(True, 2, 2.5 * 16, 16)  # a hiccup: one step 2.5x slower
+    assert policy.pick(decode=True) == 2
+
+
 def test_decode_and_prefill_are_measured_apart():
     policy = StepThreads(0, widest=2)
     feed(policy, {2: 3.0, 1: 1.0}, 10)
