@@ -21,9 +21,12 @@ from collections.abc import Iterator
 import torch
 
 _EWMA = 0.2  # weight of the newest sample in a running step-time estimate
-# Another count must be this much cheaper to take over: one step slowed 2-3x by a hiccup
-# does not move the engine off the faster count, a core lost to another process does.
+# A freshly measured count takes over when it is this much cheaper than the current one.
 _MARGIN = 1.1
+# Without a fresh measurement (the other count's estimate may be old: contexts have grown
+# since), the current count is left only when it got this much dearer than the other: a
+# core lost to another process slows a step 5-20x, a hiccup of one step does not do it.
+_SLOWDOWN = 2.0
 _FIRST_PROBE_AFTER = 16  # steps on the chosen count before the other one is tried again
 _MAX_PROBE_AFTER = 512  # probing backs off to at most one step in this many
 
@@ -84,11 +87,12 @@ class _Kind:
         return self.current
 
     def record(self, threads: int, seconds_per_token: float) -> None:
-        """Switch as soon as another count's estimate beats the current one's by the margin:
-        when a probe wins, or when load slows the current count past the other's last cost."""
+        """Switch when a probe of another count wins, or at once when load slows the
+        current count far past the other's last estimate."""
         self.arms[threads].record(seconds_per_token)
         best = min(self.arms, key=lambda n: _cost(self.arms[n]))
-        if best != self.current and _cost(self.arms[best]) * _MARGIN < _cost(
+        factor = _MARGIN if threads != self.current else _SLOWDOWN
+        if best != self.current and _cost(self.arms[best]) * factor < _cost(
             self.arms[self.current]
         ):
             self.current = best

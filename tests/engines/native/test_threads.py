@@ -49,8 +49,9 @@ def test_switches_when_load_slows_the_current_count():
     feed(policy, {2: 1.0, 1: 1.5}, 50)
     assert policy.pick(decode=True) == 2
     picked = feed(policy, {2: 10.0, 1: 1.5}, 20)  # another process takes a core
-    assert picked[0] == 2 and picked[1] == 1  # one slow step is enough to switch
-    assert picked[1:].count(2) <= 1  # then at most one probe of the slow count
+    switched = picked.index(1)
+    assert switched <= 2  # within a few steps, not at the next probe
+    assert picked[switched:].count(2) <= 1  # then at most one probe of the slow count
 
 
 def test_one_slow_step_does_not_move_it_off_the_faster_count():
