@@ -27,7 +27,8 @@ _MARGIN = 1.1
 # since), the current count is left only when it got this much dearer than the other: a
 # core lost to another process slows a step 5-20x, a hiccup of one step does not do it.
 _SLOWDOWN = 2.0
-_FIRST_PROBE_AFTER = 16  # steps on the chosen count before the other one is tried again
+_FIRST_PROBE_AFTER = 8  # steps on the chosen count before the other one is tried again
+_SETTLED = 3  # samples before a losing probe backs probing off (first steps are noisy)
 _MAX_PROBE_AFTER = 512  # probing backs off to at most one step in this many
 
 
@@ -57,8 +58,10 @@ class _Arm:
 
     def __init__(self) -> None:
         self.cost: float | None = None
+        self.samples = 0
 
     def record(self, seconds_per_token: float) -> None:
+        self.samples += 1
         if self.cost is None:
             self.cost = seconds_per_token
         else:
@@ -99,7 +102,8 @@ class _Kind:
             self.probe_after = _FIRST_PROBE_AFTER
             self.since_probe = 0
         elif threads != self.current:  # a probe of another count lost: ask less often
-            self.probe_after = min(2 * self.probe_after, _MAX_PROBE_AFTER)
+            if self.arms[threads].samples >= _SETTLED:
+                self.probe_after = min(2 * self.probe_after, _MAX_PROBE_AFTER)
             self.since_probe = 0
         else:
             self.since_probe += 1

@@ -64,7 +64,7 @@ def test_one_slow_step_does_not_move_it_off_the_faster_count():
 
 def test_decode_and_prefill_are_measured_apart():
     policy = StepThreads(0, widest=2)
-    feed(policy, {2: 3.0, 1: 1.0}, 10)
+    feed(policy, {2: 3.0, 1: 1.0}, 5)
     assert policy.pick(decode=True) == 1
     assert policy.pick(decode=False) == 2  # prefill: untried, starts from the widest
 
