@@ -10,6 +10,7 @@ throughput of both and their ratio.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -116,7 +117,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads of both (0 = each one's default: torch's for transformers, "
+        "measured per step for the engine)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs; best kept")
     args = parser.parse_args()
     if args.threads:
@@ -143,7 +150,8 @@ def main() -> None:
     print(
         f"model: llama hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, "
         f"{args.num_requests} requests x {args.input_len} in / {args.output_len} out, "
-        f"torch threads={torch.get_num_threads()}, best of {args.repeats} alternating runs"
+        f"torch threads: transformers {torch.get_num_threads()}, native engine "
+        f"{args.threads or 'measured per step (1 or 2)'}; best of {args.repeats} alternating runs"
     )
     for label, index in (("wall", 0), ("cpu", 1)):
         hf_s = min(r[index] for r in hf_runs)
@@ -159,6 +167,13 @@ def main() -> None:
         "native",
         [round(r[0], 2) for r in nat_runs],
     )
+    for label, index in (("wall", 0), ("cpu", 1)):
+        hf_s = statistics.median(r[index] for r in hf_runs)
+        nat_s = statistics.median(r[index] for r in nat_runs)
+        print(
+            f"median {label:4s}: transformers {hf_s:6.2f} s  native {nat_s:6.2f} s  "
+            f"ratio {hf_s / nat_s:.2f}x"
+        )
     print(f"identical greedy outputs: {same}/{args.num_requests}")
 
 

@@ -54,7 +54,11 @@ class NativeConfig:
     max_model_len: int = option(0, "Context length (0 = the model's max_position_embeddings)")
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of earlier prompts")
     seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")
-    cpu_threads: int = option(0, "torch intra-op threads on the CPU (0 = torch's default)")
+    cpu_threads: int = option(
+        0,
+        "torch intra-op threads of the engine's steps on the CPU (0 = measured: all cores "
+        "or half of them, whichever steps faster under the current load)",
+    )
     attention_backend: str = option(
         "auto",
         "Paged attention kernels; auto = triton on CUDA, torch (gather + SDPA) elsewhere",

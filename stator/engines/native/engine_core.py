@@ -19,7 +19,7 @@ from stator.engines.native.model_runner import ModelRunner
 from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence
 from stator.engines.native.sampler import Sampler, gather_logprobs
-from stator.engines.native.scheduler import Scheduler
+from stator.engines.native.scheduler import ScheduledBatch, Scheduler
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
 
 
@@ -102,6 +102,11 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        news = batch.num_new_tokens
+        with self.runner.step_scope(max(news) == 1, sum(news)), torch.inference_mode():
+            return self._run(batch)
+
+    def _run(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
         sample_seqs: list[Sequence] = []
         rows: list[int] = []  # flat token index of each logits row
         sample_idx: list[int] = []  # which logits rows are sampled

@@ -3,6 +3,7 @@ the scheduled batch, runs the forward pass and returns the logits the engine ask
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import torch
 from stator.engines.native.attention import AttentionBackend, TorchAttention
 from stator.engines.native.config import ModelSpec, NativeConfig, parse_bytes
 from stator.engines.native.context import StepContext, set_context
+from stator.engines.native.cpu_threads import StepThreads
 from stator.engines.native.cuda_graphs import DecodeGraphs
 from stator.engines.native.layers import Linear
 from stator.engines.native.loader import load_weights
@@ -76,8 +78,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, spec, self.device)
         self.block_size = config.block_size
-        if config.cpu_threads > 0:
-            torch.set_num_threads(config.cpu_threads)
+        self.threads = StepThreads(config.cpu_threads) if self.device.type == "cpu" else None
         self.backend = backend or make_backend(config.attention_backend, self.device)
         self.max_model_len = max_model_len
         self.sliding_window = spec.sliding_window
@@ -246,6 +247,13 @@ class ModelRunner:
             logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(dev, non_blocking=True),
             plain_decode=max(num_new) == 1 and logits_rows == list(range(len(seqs))),
         )
+
+    def step_scope(self, decode: bool, tokens: int) -> contextlib.AbstractContextManager:
+        """Wraps a whole engine step (inputs, forward pass, sampling): on the CPU it runs
+        on the intra-op thread count `StepThreads` picks, and is timed for it."""
+        if self.threads is None:
+            return contextlib.nullcontext()
+        return self.threads.scope(decode, tokens)
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
