@@ -10,6 +10,7 @@ reach the client. End and inner markers met outside a region are dropped for the
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 
 from stator.parsers.jail import find_first, partial_marker_len
@@ -29,7 +30,7 @@ class MalformedToolCall(ValueError):
     pass
 
 
-class RegionToolParser:
+class RegionToolParser(abc.ABC):
     start_markers: tuple[str, ...] = ()
     end_marker: str | None = None
     # Inner markers: stripped from a malformed region before it is shown as content.
@@ -48,9 +49,9 @@ class RegionToolParser:
         self._strays = tuple(m for m in (self.end_marker, *self.all_markers) if m)
         self._outside_markers = (*self.start_markers, *self._strays)
 
+    @abc.abstractmethod
     def parse_region(self, start_marker: str, body: str, *, complete: bool) -> ParsedCalls:
         """Calls in one region (`complete`: its end marker was seen). Raise MalformedToolCall."""
-        raise NotImplementedError
 
     # -- streaming --------------------------------------------------------------------
 

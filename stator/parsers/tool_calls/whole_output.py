@@ -5,6 +5,7 @@ does not parse after all is returned as content."""
 
 from __future__ import annotations
 
+import abc
 import ast
 import json
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from stator.parsers.tool_calls.streaming import MalformedToolCall, ParsedCalls
 _UNDECIDED, _CONTENT, _CALLS = "undecided", "content", "calls"
 
 
-class WholeOutputToolParser:
+class WholeOutputToolParser(abc.ABC):
     # Prefixes that mark the output as calls; stripped from content if parsing fails.
     call_prefixes: Sequence[str] = ()
     marker_tokens: Sequence[str] = ()
@@ -34,8 +35,8 @@ class WholeOutputToolParser:
         self._buffer = ""
         self._mode = _UNDECIDED
 
-    def parse_calls(self, text: str) -> ParsedCalls:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def parse_calls(self, text: str) -> ParsedCalls: ...
 
     def feed(self, text_delta: str) -> ToolDelta:
         self._buffer += text_delta

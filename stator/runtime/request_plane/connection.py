@@ -4,6 +4,7 @@ dead peer (a host that vanished without closing its sockets)."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import socket
@@ -25,7 +26,7 @@ _FLUSH_NOW = 256 * 1024
 _PING_FRAME = (PING,)
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol, abc.ABC):
     """Base protocol: subclasses implement `on_frame` and `on_lost`."""
 
     def __init__(
@@ -84,11 +85,11 @@ class Connection(asyncio.Protocol):
 
     # -- for subclasses --------------------------------------------------------------
 
-    def on_frame(self, frame: Frame) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def on_frame(self, frame: Frame) -> None: ...
 
-    def on_lost(self, exc: Exception | None) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def on_lost(self, exc: Exception | None) -> None: ...
 
     def send(self, frame: tuple[Any, ...]) -> None:
         """Queue a frame; it goes out at the end of this event-loop turn."""
