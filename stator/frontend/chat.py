@@ -18,7 +18,6 @@ from stator.frontend.pipeline import (
     ChoiceStream,
     EngineFailed,
     ModelPipeline,
-    chat_usage,
     merged_deltas,
     prime_all,
 )
@@ -31,8 +30,8 @@ from stator.frontend.responses import (
     ChatLogprobs,
     ChatMessageOut,
     chat_logprobs,
+    chat_usage,
     to_json,
-    usage_info,
 )
 from stator.frontend.streaming import (
     DONE,
@@ -134,7 +133,7 @@ async def chat_result(
         created=created,
         model=pipeline.name,
         choices=choices,
-        usage=usage_info(*chat_usage(streams)),
+        usage=chat_usage(streams),
     )
 
 
@@ -196,6 +195,6 @@ async def chat_chunks(
         yield DONE
         return
     if body.include_usage:
-        usage = usage_info(*chat_usage(streams))
+        usage = chat_usage(streams)
         yield sse(to_json(ChatCompletionChunk(response_id, created, model, [], usage=usage)))
     yield DONE

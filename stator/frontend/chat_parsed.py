@@ -23,7 +23,6 @@ from stator.frontend.pipeline import (
     ChoiceStream,
     EngineFailed,
     ModelPipeline,
-    chat_usage,
     merged_deltas,
 )
 from stator.frontend.responses import (
@@ -35,8 +34,8 @@ from stator.frontend.responses import (
     ChatLogprobs,
     ChatMessageOut,
     chat_logprobs,
+    chat_usage,
     to_json,
-    usage_info,
 )
 from stator.frontend.streaming import DONE, TextChunkTemplate, sse, sse_error
 from stator.llm.postprocess import Delta
@@ -178,7 +177,7 @@ async def parsed_chat_result(
         created=created,
         model=pipeline.name,
         choices=choices,
-        usage=usage_info(*chat_usage(streams)),
+        usage=chat_usage(streams),
     )
 
 
@@ -299,6 +298,6 @@ async def parsed_chat_chunks(
         yield DONE
         return
     if body.include_usage:
-        usage = usage_info(*chat_usage(streams))
+        usage = chat_usage(streams)
         yield sse(to_json(ChatCompletionChunk(response_id, created, model, [], usage=usage)))
     yield DONE

@@ -397,12 +397,3 @@ async def merged_deltas(streams: list[ChoiceStream]) -> AsyncIterator[tuple[int,
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await close_all(streams)
-
-
-def chat_usage(streams: list[ChoiceStream]) -> tuple[int, int, int]:
-    """(prompt, completion, cached) tokens of a chat request: one prompt, `n` choices."""
-    return (
-        len(streams[0].request.token_ids),
-        sum(s.completion_tokens for s in streams),
-        streams[0].cached_tokens,
-    )

@@ -6,12 +6,16 @@ fields; fields it sends only sometimes default to `UNSET`, which msgspec leaves 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from stator.llm.postprocess import Delta
+
+if TYPE_CHECKING:
+    from stator.frontend.pipeline import ChoiceStream
 
 
 class PromptTokensDetails(msgspec.Struct):
@@ -161,6 +165,15 @@ def chat_logprobs(delta: Delta) -> ChatLogprobs | None:
             )
             for lp in delta.logprobs
         ]
+    )
+
+
+def chat_usage(streams: Sequence[ChoiceStream]) -> UsageInfo:
+    """Usage of a chat request: one prompt, `n` choices."""
+    return usage_info(
+        len(streams[0].request.token_ids),
+        sum(s.completion_tokens for s in streams),
+        streams[0].cached_tokens,
     )
 
 
