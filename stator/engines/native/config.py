@@ -65,6 +65,12 @@ class NativeConfig:
         choices=["auto", "torch", "triton"],
     )
     enforce_eager: bool = option(False, "Never use CUDA graphs for decode steps")
+    overlap: str = option(
+        "auto",
+        "Schedule and prepare step n+1 while the device runs step n, reading sampled tokens "
+        "one step late; auto = on for CUDA, off on the CPU",
+        choices=["auto", "on", "off"],
+    )
     tune_gemv: bool = option(
         True, "On CUDA, measure at start-up whether a split-K GEMV beats cuBLAS at batch <= 8"
     )

@@ -16,8 +16,15 @@ from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.model_runner import ModelRunner
+from stator.engines.native.overlap import (
+    PLACEHOLDER,
+    PendingStep,
+    deferrable,
+    patch_inputs,
+    placeholder_rows,
+)
 from stator.engines.native.params import resolve_sampling, validate_request
-from stator.engines.native.request import Sequence
+from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler, gather_logprobs
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
@@ -62,6 +69,9 @@ class EngineCore:
         # A sequence never outgrows the whole cache, so it can always run alone.
         self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)
         self.seqs: dict[str, Sequence] = {}
+        mode = config.overlap
+        self.overlap = mode == "on" or (mode == "auto" and self.runner.device.type == "cuda")
+        self._pending: PendingStep | None = None  # a launched step not yet read back
 
     # -- requests ------------------------------------------------------------------------
 
@@ -94,19 +104,25 @@ class EngineCore:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._pending is not None
 
     # -- one step ------------------------------------------------------------------------
 
     def step(self) -> list[tuple[str, EngineOutput]]:
+        """Run one step. With overlap, most outputs are those of the step before (read
+        while this one runs on the device); a call with nothing left to schedule returns
+        the last pending ones."""
         batch = self.scheduler.schedule()
+        pending, self._pending = self._pending, None
         if not batch:
-            return []
+            return self._resolve(pending) if pending is not None else []
         news = batch.num_new_tokens
         with self.runner.step_scope(max(news) == 1, sum(news)), torch.inference_mode():
-            return self._run(batch)
+            return self._run(batch, pending)
 
-    def _run(self, batch: ScheduledBatch) -> list[tuple[str, EngineOutput]]:
+    def _run(
+        self, batch: ScheduledBatch, pending: PendingStep | None
+    ) -> list[tuple[str, EngineOutput]]:
         sample_seqs: list[Sequence] = []
         rows: list[int] = []  # flat token index of each logits row
         sample_idx: list[int] = []  # which logits rows are sampled
@@ -125,18 +141,57 @@ class EngineCore:
                 rows.append(offset + n - 1)
             offset += n
         inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens, rows)
+        dst, src = placeholder_rows(batch.seqs, batch.num_new_tokens, pending)
+        if dst and pending is not None:
+            patch_inputs(inputs.input_ids, pending, dst, src)
         logits = self.runner.execute(inputs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
-            self.blocks.commit(seq)
+        deferred = self.overlap and bool(sample_seqs) and deferrable(sample_seqs)
+        if deferred:
+            tokens = self.sampler.sample_tokens(logits[sample_idx], sample_seqs)
+            self._pending = PendingStep.launch(sample_seqs, tokens)
+            for seq in sample_seqs:
+                self._add_placeholder(seq)
+        # The device has this step queued: read the previous step's tokens meanwhile.
+        outputs = self._resolve(pending) if pending is not None else []
+        for seq in batch.seqs:
+            if seq.status is not Status.FINISHED:
+                # After `_resolve`, every token whose KV is cached is a real one.
+                self.blocks.commit(seq)
         for pr in prompt_rows:
             self._add_prompt_logprobs(pr, logits)
-        if not sample_seqs:
-            return []
-        result = self.sampler.sample(logits[sample_idx], sample_seqs)
+        if deferred:
+            return outputs
+        # A sequence `_resolve` just finished ran one step too many: drop its row.
+        live = [i for i, seq in enumerate(sample_seqs) if seq.status is not Status.FINISHED]
+        if not live:
+            return outputs
+        live_seqs = [sample_seqs[i] for i in live]
+        result = self.sampler.sample(logits[[sample_idx[i] for i in live]], live_seqs)
+        for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
+            seq.token_ids.append(token)
+            out = self._accept_token(seq, len(seq.token_ids) - 1, logprob)
+            outputs.append((seq.request_id, out))
+        return outputs
+
+    def _add_placeholder(self, seq: Sequence) -> None:
+        seq.token_ids.append(PLACEHOLDER)
+        sp = seq.sampling
+        if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+            # It ends with this token whatever the token is: no step after it.
+            self.scheduler.retire(seq)
+
+    def _resolve(self, pending: PendingStep) -> list[tuple[str, EngineOutput]]:
+        """Read a deferred step's tokens and emit them; a sequence finished or aborted
+        since then has its token discarded."""
         outputs = []
-        for seq, token, logprob in zip(sample_seqs, result.token_ids, result.logprobs, strict=True):
-            outputs.append((seq.request_id, self._append_token(seq, token, logprob)))
+        tokens = pending.tokens()
+        for seq, pos, token in zip(pending.seqs, pending.positions, tokens, strict=True):
+            if seq.status is Status.FINISHED:
+                continue
+            seq.token_ids[pos] = token
+            outputs.append((seq.request_id, self._accept_token(seq, pos, None)))
         return outputs
 
     def _add_prompt_logprobs(self, pr: _PromptLogprobRows, logits: torch.Tensor) -> None:
@@ -151,11 +206,12 @@ class EngineCore:
             if pr.first_target + i == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.append(entry)
 
-    def _append_token(
-        self, seq: Sequence, token: int, logprob: TokenLogprob | None
-    ) -> EngineOutput:
+    def _accept_token(self, seq: Sequence, pos: int, logprob: TokenLogprob | None) -> EngineOutput:
+        """The token at `pos` is known: emit it and apply the stop rules as of that token
+        (a later position may hold the placeholder of a step already launched)."""
         sp = seq.sampling
-        seq.token_ids.append(token)
+        token = seq.token_ids[pos]
+        num_output = pos + 1 - seq.num_prompt_tokens
         out = EngineOutput(token_ids=[token])
         if sp.logprobs is not None and logprob is not None:
             out.logprobs = [logprob]
@@ -164,15 +220,16 @@ class EngineCore:
             if sp.prompt_logprobs is not None:
                 out.prompt_logprobs = seq.prompt_logprobs
         seq.num_emitted += 1
-        done_min = seq.num_output_tokens >= sp.min_tokens
+        done_min = num_output >= sp.min_tokens
         if token in sp.hidden_stop_token_ids and done_min:
             out.token_ids, out.logprobs = [], None
             out.finish_reason, out.stop_token_id = "stop", token
         elif token in sp.stop_token_ids and done_min:
             out.finish_reason, out.stop_token_id = "stop", token
-        elif seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+        elif num_output >= sp.max_tokens or pos + 1 >= seq.max_total_tokens:
             out.finish_reason = "length"
         if out.finish_reason is not None:
+            del seq.token_ids[pos + 1 :]  # a speculative next token is never emitted
             out.usage = Usage(
                 prompt_tokens=seq.num_prompt_tokens,
                 completion_tokens=seq.num_output_tokens,

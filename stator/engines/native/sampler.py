@@ -35,16 +35,21 @@ class Sampler:
         raw_logprobs = None
         if any(s.sampling.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
-            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
-        if any(s.sampling.uses_penalties for s in seqs):
-            logits = self._apply_penalties(logits, seqs)
-        tokens = self._pick(logits, seqs)
+        tokens = self.sample_tokens(logits, seqs)
         token_list = tokens.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, tokens, [s.sampling.logprobs for s in seqs])
         return SampleResult(token_list, logprobs)
+
+    def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The tokens [N] (int64) as a device tensor: the host does not wait for them."""
+        logits = logits.float()
+        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
+            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
+        if any(s.sampling.uses_penalties for s in seqs):
+            logits = self._apply_penalties(logits, seqs)
+        return self._pick(logits, seqs)
 
     # -- logit processors ----------------------------------------------------------------
 

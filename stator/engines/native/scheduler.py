@@ -63,6 +63,12 @@ class Scheduler:
         self.blocks.free(seq)
         seq.status = Status.FINISHED
 
+    def retire(self, seq: Sequence) -> None:
+        """Schedule a running sequence no more but keep its blocks: its last token is
+        still being computed, and `remove` frees them once it has been read."""
+        if seq in self.running:
+            self.running.remove(seq)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -1,0 +1,98 @@
+"""Overlapped steps: the host schedules and prepares step n+1 while the GPU runs step n.
+
+A step whose sampling needs nothing from the host (no logprobs, no penalties: see
+`deferrable`) leaves its sampled tokens on the device. Each sampled sequence gets a
+placeholder token at once, so the scheduler sees it decoding and plans the next step; the
+next step's input ids are then patched on the device from the previous step's token
+tensor (`patch_inputs`), and the host reads the real tokens one step late, from a
+non-blocking copy into pinned memory that an event marks complete (`PendingStep.tokens`).
+The engine core resolves a pending step only after launching the next one, so the GPU
+always has work queued while the host does its bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stator.engines.native.request import Sequence
+
+#: Stands in for a sampled token the host has not read yet. Never a valid id: an input
+#: left unpatched fails loudly in the embedding lookup instead of computing garbage.
+PLACEHOLDER = -1
+
+
+def deferrable(seqs: list[Sequence]) -> bool:
+    """Whether these sequences' tokens can be sampled without the host: their logit
+    processors read no earlier output token, and nothing they return needs a sync."""
+    return all(
+        s.sampling.logprobs is None
+        and s.sampling.prompt_logprobs is None
+        and not s.sampling.uses_penalties
+        for s in seqs
+    )
+
+
+@dataclass(eq=False)
+class PendingStep:
+    """A launched step whose sampled tokens the host has not read yet."""
+
+    seqs: list[Sequence]  # sampled sequences, in the order of `device_tokens`
+    positions: list[int]  # where each one's token goes in its `token_ids`
+    device_tokens: torch.Tensor  # [len(seqs)] int64 on the device
+    host_tokens: torch.Tensor  # the same, being copied to (pinned) host memory
+    ready: torch.cuda.Event | None  # recorded after the copy; None on the CPU
+
+    @classmethod
+    def launch(cls, seqs: list[Sequence], tokens: torch.Tensor) -> PendingStep:
+        """Start reading `tokens` back; call before the sequences get their placeholder."""
+        positions = [s.num_tokens for s in seqs]
+        if tokens.device.type != "cuda":
+            return cls(seqs, positions, tokens, tokens, None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(seqs, positions, tokens, host, ready)
+
+    def index_of(self) -> dict[int, int]:
+        """id(seq) -> row of its token in `device_tokens`."""
+        return {id(s): i for i, s in enumerate(self.seqs)}
+
+    def tokens(self) -> list[int]:
+        """The sampled tokens on the host; waits for this step's copy only."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host_tokens.tolist()
+
+
+def placeholder_rows(
+    seqs: list[Sequence], num_new: list[int], pending: PendingStep | None
+) -> tuple[list[int], list[int]]:
+    """(rows of the flat input ids that hold a placeholder, rows of `pending`'s tokens
+    that replace them). A placeholder is always a sequence's last token."""
+    dst: list[int] = []
+    src: list[int] = []
+    if pending is None:
+        return dst, src
+    index = None
+    offset = 0
+    for seq, n in zip(seqs, num_new, strict=True):
+        if seq.token_ids[-1] == PLACEHOLDER and seq.num_computed_tokens + n == seq.num_tokens:
+            if index is None:
+                index = pending.index_of()
+            dst.append(offset + n - 1)
+            src.append(index[id(seq)])
+        offset += n
+    return dst, src
+
+
+def patch_inputs(
+    input_ids: torch.Tensor, pending: PendingStep, dst: list[int], src: list[int]
+) -> None:
+    """input_ids[dst] = pending's tokens[src], on the device (the host never waits)."""
+    dev = input_ids.device
+    dst_t = torch.tensor(dst, dtype=torch.long).to(dev, non_blocking=True)
+    src_t = torch.tensor(src, dtype=torch.long).to(dev, non_blocking=True)
+    input_ids.index_copy_(0, dst_t, pending.device_tokens.index_select(0, src_t))
