@@ -3,9 +3,11 @@
 At one row cuBLAS streams some of Llama's weight shapes at a third of the memory
 bandwidth (engines.md §5). Here each program reads a BLOCK_N x (K / SPLIT_K) slab of W once,
 in BLOCK_K-wide coalesced rows, multiplies the (padded to 16) rows of x on the tensor
-cores, and writes float32 partial sums; the splits are summed afterwards. Which shapes use
-it is decided by measurement at start-up (`choose`): a shape keeps cuBLAS unless a config
-here is both correct and faster on this GPU.
+cores, and writes float32 partial sums; the splits are summed afterwards (without a split
+the kernel writes the output in x's dtype itself: no extra pass). Which shapes use it is
+decided by measurement at start-up (`choose`, timed inside a CUDA graph as decode steps
+run it, so launch costs and any extra summing kernel count): a shape keeps cuBLAS unless a
+config here is both correct and faster on this GPU.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     part_ptr,
+    y_ptr,
     M,
     N,
     K,
@@ -34,6 +37,7 @@ def _gemv_kernel(
     K_PER_SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -56,8 +60,13 @@ def _gemv_kernel(
             other=0.0,
         )
         acc += tl.dot(x, tl.trans(w))
-    out = part_ptr + (split * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
-    tl.store(out, acc, mask=(rows[:, None] < M) & col_ok[None, :])
+    mask = (rows[:, None] < M) & col_ok[None, :]
+    if DIRECT:  # one split: the final output, in its dtype
+        y = y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        out = part_ptr + (split * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
+        tl.store(out, acc, mask=mask)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class GemvConfig:
     block_n: int
     block_k: int
     split_k: int
+    num_warps: int = 4
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Tensor:
@@ -74,12 +84,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Ten
     if m > MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
         raise ValueError("gemv needs at most 8 contiguous rows and a contiguous weight")
     per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-    parts = torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
+    direct = config.split_k == 1
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    parts = (
+        y if direct else torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
+    )
     grid = (triton.cdiv(n, config.block_n), config.split_k)
     _gemv_kernel[grid](
         x,
         weight,
         parts,
+        y,
         m,
         n,
         k,
@@ -87,22 +102,43 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Ten
         K_PER_SPLIT=per_split,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
-        num_warps=4,
+        DIRECT=direct,
+        num_warps=config.num_warps,
         num_stages=4,
     )
-    return parts.sum(0).to(x.dtype) if config.split_k > 1 else parts[0].to(x.dtype)
+    return y if direct else parts.sum(0).to(x.dtype)
 
 
-def _time(fn, reps: int = 50) -> float:
-    for _ in range(3):
-        fn()
+def _graph_time(fn, calls: int = 10, reps: int = 20) -> float:
+    """ms per call of `fn`, replayed from a CUDA graph of `calls` calls (as in a decode
+    graph: no launch gaps, extra kernels counted)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(reps):
-        fn()
+        graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / reps
+    return start.elapsed_time(end) / (reps * calls)
+
+
+def candidates(n: int, k: int, sms: int) -> list[GemvConfig]:
+    out = []
+    for block_n in (16, 32, 64):
+        for block_k in (128, 256):
+            tiles = triton.cdiv(n, block_n)
+            split = max(1, min(triton.cdiv(2 * sms, tiles), k // (2 * block_k)))
+            for warps in (4, 8):
+                out.append(GemvConfig(block_n, block_k, split, warps))
+                if split > 1:
+                    out.append(GemvConfig(block_n, block_k, 1, warps))
+    return out
 
 
 @torch.no_grad()
@@ -113,22 +149,18 @@ def choose(weight: torch.Tensor) -> GemvConfig | None:
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
     x = torch.randn(1, k, device=weight.device, dtype=weight.dtype)
     ref = torch.nn.functional.linear(x, weight).float()
-    best, best_ms = None, _time(lambda: torch.nn.functional.linear(x, weight))
-    for block_n in (32, 64, 128):
-        for block_k in (128, 256):
-            tiles = triton.cdiv(n, block_n)
-            split = max(1, min(triton.cdiv(2 * sms, tiles), k // (2 * block_k)))
-            cfg = GemvConfig(block_n, block_k, split)
-            try:
-                out = gemv(x, weight, cfg).float()
-                if not torch.isfinite(out).all():
-                    continue
-                if float((out - ref).norm() / ref.norm().clamp_min(1e-6)) > 1e-2:
-                    continue
-                ms = _time(lambda cfg=cfg: gemv(x, weight, cfg))
-            except Exception as exc:  # a config this GPU cannot compile: skip it
-                log.debug("gemv config %s failed: %s", cfg, exc)
+    best, best_ms = None, _graph_time(lambda: torch.nn.functional.linear(x, weight))
+    for cfg in candidates(n, k, sms):
+        try:
+            out = gemv(x, weight, cfg).float()
+            if not torch.isfinite(out).all():
                 continue
-            if ms < best_ms * 0.97:
-                best, best_ms = cfg, ms
+            if float((out - ref).norm() / ref.norm().clamp_min(1e-6)) > 1e-2:
+                continue
+            ms = _graph_time(lambda cfg=cfg: gemv(x, weight, cfg))
+        except Exception as exc:  # a config this GPU cannot compile: skip it
+            log.debug("gemv config %s failed: %s", cfg, exc)
+            continue
+        if ms < best_ms * 0.98:
+            best, best_ms = cfg, ms
     return best
