@@ -114,6 +114,7 @@ def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
         tune_gemv=not args.no_gemv,
+        overlap=args.overlap,
     )
     t0 = time.perf_counter()
     core = EngineCore(config, model_dir)
@@ -314,10 +315,14 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--no-gemv", action="store_true", help="cuBLAS for every matmul")
+    ap.add_argument(
+        "--overlap", choices=["auto", "on", "off"], default="auto", help="see --overlap"
+    )
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "copy_bandwidth": copy_bandwidth()}
+    res["args"] = vars(args) | {"json": str(args.json)}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         (model_dir / "config.json").write_text(json.dumps(LLAMA_31_8B))
