@@ -9,10 +9,12 @@ GEMV), against the weight bytes over the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -124,14 +126,46 @@ def profile_graph(core: EngineCore, bs: int, reps: int = 20) -> dict:
     }
 
 
+def profile_steps(core: EngineCore, reps: int = 12) -> dict:
+    """Whole engine steps (the overlapped loop): how much of the wall time the GPU is busy,
+    and what runs outside the decode graph."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        core.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(reps):
+            core.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = sorted(
+        (e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start
+    )
+    busy = sum(e.time_range.elapsed_us() for e in events)
+    gaps = [
+        b.time_range.start - a.time_range.end
+        for a, b in itertools.pairwise(events)
+        if b.time_range.start > a.time_range.end
+    ]
+    return {
+        "wall_ms_per_step": 1e3 * wall / reps,
+        "gpu_busy_ms_per_step": busy / reps / 1e3,
+        "largest_gaps_us": sorted(gaps, reverse=True)[:8],
+        "gaps_over_20us_per_step": sum(g for g in gaps if g > 20) / reps,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--skip-matmuls", action="store_true")
     args = ap.parse_args()
     bw = copy_bandwidth()
     res: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": bw}
-    res["matmul"] = matmul_table(bw)
+    res["matmul"] = {} if args.skip_matmuls else matmul_table(bw)
     print(json.dumps(res["matmul"], indent=1), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
@@ -151,12 +185,13 @@ def main() -> None:
         res["graphs"] = {}
         for bs in args.batch_sizes:
             for i in range(bs):
-                core.add_request(request(f"p{bs}-{i}", random_ids(rng, 256), 16))
+                core.add_request(request(f"p{bs}-{i}", random_ids(rng, 256), 40))
             while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
                 core.step()
             for _ in range(4):
                 core.step()
             res["graphs"][bs] = profile_graph(core, bs)
+            res["graphs"][bs]["steps"] = profile_steps(core)
             while core.has_work():
                 core.step()
     if args.json:
@@ -169,6 +204,7 @@ def main() -> None:
         )
         for name, k in list(g["kernels"].items())[:16]:
             print(f"{k['us_per_step']:9.1f} us  x{k['per_step']:5.0f}  {name}")
+        print("engine steps:", json.dumps(g["steps"]))
     print(f"\ncopy bandwidth {bw / 1e12:.2f} TB/s")
     print("| shape | floor ms | cuBLAS W | cuBLAS W.T | cuBLAS 2 rows | gemv | gemv cfg |")
     print("|---|---|---|---|---|---|---|")

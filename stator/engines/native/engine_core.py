@@ -22,6 +22,7 @@ from stator.engines.native.overlap import (
     deferrable,
     patch_inputs,
     placeholder_rows,
+    to_device,
 )
 from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence, Status
@@ -149,7 +150,7 @@ class EngineCore:
             seq.num_computed_tokens += n
         deferred = self.overlap and bool(sample_seqs) and deferrable(sample_seqs)
         if deferred:
-            tokens = self.sampler.sample_tokens(logits[sample_idx], sample_seqs)
+            tokens = self.sampler.sample_tokens(self._rows(logits, sample_idx), sample_seqs)
             self._pending = PendingStep.launch(sample_seqs, tokens)
             for seq in sample_seqs:
                 self._add_placeholder(seq)
@@ -168,12 +169,17 @@ class EngineCore:
         if not live:
             return outputs
         live_seqs = [sample_seqs[i] for i in live]
-        result = self.sampler.sample(logits[[sample_idx[i] for i in live]], live_seqs)
+        result = self.sampler.sample(self._rows(logits, [sample_idx[i] for i in live]), live_seqs)
         for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
             seq.token_ids.append(token)
             out = self._accept_token(seq, len(seq.token_ids) - 1, logprob)
             outputs.append((seq.request_id, out))
         return outputs
+
+    def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        if rows == list(range(logits.shape[0])):
+            return logits  # a decode step: every row is sampled, in order
+        return logits.index_select(0, to_device(rows, logits.device))
 
     def _add_placeholder(self, seq: Sequence) -> None:
         seq.token_ids.append(PLACEHOLDER)

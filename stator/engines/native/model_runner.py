@@ -20,6 +20,7 @@ from stator.engines.native.cuda_graphs import DecodeGraphs
 from stator.engines.native.layers import Linear
 from stator.engines.native.loader import load_weights
 from stator.engines.native.models import model_class
+from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
 
 log = logging.getLogger(__name__)
@@ -229,12 +230,12 @@ class ModelRunner:
         cu = torch.zeros(len(seqs) + 1, dtype=torch.long)
         torch.cumsum(query_lens, 0, out=cu[1:])
         ctx = StepContext(
-            positions=torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True),
-            slot_mapping=torch.tensor(slots, dtype=torch.long).to(dev, non_blocking=True),
-            block_tables=torch.from_numpy(tables).to(dev, non_blocking=True),
-            query_lens=query_lens.to(dev, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.long).to(dev, non_blocking=True),
-            cu_query_lens=cu.to(dev, non_blocking=True),
+            positions=to_device(positions, dev),
+            slot_mapping=to_device(slots, dev),
+            block_tables=to_device(torch.from_numpy(tables), dev),
+            query_lens=to_device(query_lens, dev),
+            seq_lens=to_device(seq_lens, dev),
+            cu_query_lens=to_device(cu, dev),
             max_query_len=max(num_new),
             max_seq_len=max(seq_lens),
             block_size=bs,
@@ -242,9 +243,9 @@ class ModelRunner:
             num_leading_single=_leading_ones(num_new),
         )
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True),
+            input_ids=to_device(input_ids, dev),
             ctx=ctx,
-            logits_rows=torch.tensor(logits_rows, dtype=torch.long).to(dev, non_blocking=True),
+            logits_rows=to_device(logits_rows, dev),
             plain_decode=max(num_new) == 1 and logits_rows == list(range(len(seqs))),
         )
 

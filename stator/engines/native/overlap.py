@@ -23,6 +23,17 @@ from stator.engines.native.request import Sequence
 PLACEHOLDER = -1
 
 
+def to_device(values: list | torch.Tensor, device: torch.device, dtype=torch.long) -> torch.Tensor:
+    """A host list (or CPU tensor) on `device` without making the host wait: on CUDA it
+    goes through pinned memory. (A copy from pageable memory, which `torch.tensor(...,
+    device=...)` and indexing with a list make, waits for the stream to drain: it would
+    undo the overlap.)"""
+    if device.type != "cuda":
+        return torch.as_tensor(values, dtype=dtype)
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def deferrable(seqs: list[Sequence]) -> bool:
     """Whether these sequences' tokens can be sampled without the host: their logit
     processors read no earlier output token, and nothing they return needs a sync."""
@@ -93,6 +104,5 @@ def patch_inputs(
 ) -> None:
     """input_ids[dst] = pending's tokens[src], on the device (the host never waits)."""
     dev = input_ids.device
-    dst_t = torch.tensor(dst, dtype=torch.long).to(dev, non_blocking=True)
-    src_t = torch.tensor(src, dtype=torch.long).to(dev, non_blocking=True)
-    input_ids.index_copy_(0, dst_t, pending.device_tokens.index_select(0, src_t))
+    tokens = pending.device_tokens.index_select(0, to_device(src, dev))
+    input_ids.index_copy_(0, to_device(dst, dev), tokens)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
 from stator.protocols import TokenLogprob, TopLogprob
 
@@ -65,8 +66,8 @@ class Sampler:
                 cols.append(token)
                 values.append(bias)
         if rows:
-            index = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
-            logits.index_put_(index, torch.tensor(values, device=self.device), accumulate=True)
+            index = (to_device(rows, self.device), to_device(cols, self.device))
+            logits.index_put_(index, to_device(values, self.device, torch.float32), accumulate=True)
         rows, cols = [], []
         for i, seq in enumerate(seqs):
             sp = seq.sampling
@@ -75,8 +76,8 @@ class Sampler:
                 rows.extend([i] * len(stops))
                 cols.extend(stops)
         if rows:
-            index = (torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device))
-            logits.index_put_(index, torch.tensor(float("-inf"), device=self.device))
+            index = (to_device(rows, self.device), to_device(cols, self.device))
+            logits.index_put_(index, to_device([float("-inf")], self.device, torch.float32))
         return logits
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -105,7 +106,7 @@ class Sampler:
         if all(s.sampling.greedy for s in seqs):
             return greedy_tokens
         dev = self.device
-        temps = torch.tensor([s.sampling.temperature or 1.0 for s in seqs], device=dev)
+        temps = to_device([s.sampling.temperature or 1.0 for s in seqs], dev, torch.float32)
         logits = logits / temps[:, None]
         logits = _top_k_top_p_min_p(logits, seqs, dev)
         probs = torch.softmax(logits, dim=-1)
@@ -114,7 +115,7 @@ class Sampler:
             if seq.generator is not None and not seq.sampling.greedy:
                 noise[i].exponential_(generator=seq.generator)
         sampled = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([s.sampling.greedy for s in seqs], device=dev)
+        is_greedy = to_device([s.sampling.greedy for s in seqs], dev, torch.bool)
         return torch.where(is_greedy, greedy_tokens, sampled)
 
 
@@ -144,17 +145,18 @@ def _top_k_top_p_min_p(
     if min(top_k) < vocab or min(top_p) < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         ranks = torch.arange(vocab, device=device)[None, :]
-        drop = ranks >= torch.tensor(top_k, device=device)[:, None]
+        drop = ranks >= to_device(top_k, device)[:, None]
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
         mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= torch.tensor(top_p, device=device)[:, None]
+        drop |= mass_before >= to_device(top_p, device, torch.float32)[:, None]
         drop[:, 0] = False
         logits = logits.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
     if max(min_p) > 0.0:
         probs = torch.softmax(logits, dim=-1)
         threshold = (
-            torch.tensor(min_p, device=device)[:, None] * probs.max(dim=-1, keepdim=True).values
+            to_device(min_p, device, torch.float32)[:, None]
+            * probs.max(dim=-1, keepdim=True).values
         )
         logits = logits.masked_fill(probs < threshold, float("-inf"))
     return logits
