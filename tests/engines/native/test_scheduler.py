@@ -112,3 +112,20 @@ def test_remove_frees_blocks_wherever_the_sequence_is():
     sched.add(c)
     sched.remove(c)
     assert not sched.waiting
+
+
+def test_a_retired_sequence_keeps_its_blocks_until_removed():
+    """Overlap retires a sequence whose last token is still being computed."""
+    sched = make()
+    a, b = seq("a", 6), seq("b", 5)
+    sched.add(a)
+    sched.add(b)
+    advance(sched, sched.schedule())
+    held = list(a.block_ids)
+    sched.retire(a)
+    batch = sched.schedule()
+    assert [s.request_id for s in batch.seqs] == ["b"]
+    assert a.block_ids == held and sched.blocks.num_used_blocks == len(held) + len(b.block_ids)
+    assert sched.has_work()
+    sched.remove(a)
+    assert a.block_ids == [] and a.status is Status.FINISHED
