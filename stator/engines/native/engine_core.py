@@ -1,7 +1,9 @@
 """The synchronous engine: requests in, one `step()` at a time, `EngineOutput` deltas out.
 
 No asyncio and no threads here: the async `NativeEngine` and the offline `LLM` both drive
-this core, which keeps it deterministic and easy to test.
+this core, which keeps it deterministic and easy to test. With `--overlap` (CUDA's default)
+a step launches its work before reading the previous step's sampled tokens, so the device
+runs one step ahead of the host (`overlap.py`); outputs then arrive one step later.
 """
 
 from __future__ import annotations
