@@ -15,9 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # no torch at import: config.py (flag parsing) imports this module
+    import torch
 
-if TYPE_CHECKING:
     from stator.engines.native.config import ModelSpec
 
 
@@ -87,13 +87,15 @@ def shard_spec(spec: ModelSpec, rank: int, size: int) -> ModelSpec:
 # so a rank never holds more of a tensor than its shard.
 
 
+def _is_lazy(loaded: Any) -> bool:
+    return hasattr(loaded, "get_shape")  # a safetensors slice, not yet read
+
+
 def shape_of(loaded: Any) -> tuple[int, ...]:
-    if isinstance(loaded, torch.Tensor):
-        return tuple(loaded.shape)
-    return tuple(loaded.get_shape())
+    return tuple(loaded.get_shape()) if _is_lazy(loaded) else tuple(loaded.shape)
 
 
 def read_all(loaded: Any) -> torch.Tensor:
-    if isinstance(loaded, torch.Tensor):
+    if not _is_lazy(loaded):
         return loaded
-    return loaded[:] if shape_of(loaded) else loaded[()]
+    return loaded[:]

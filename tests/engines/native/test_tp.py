@@ -202,3 +202,71 @@ def test_cuda_tp2_bfloat16_greedy_matches_tp1(checkpoints):
         core.close()
     for rid, outs in expected.items():
         assert tokens_of(got[rid]) == tokens_of(outs)
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """Rank processes whose arguments mention `marker` (the model directory)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "stator.engines.native.rank_worker" in cmdline and marker in cmdline:
+            pids.append(int(proc.name))
+    return [p for p in pids if _alive(p)]
+
+
+def test_stator_run_serves_with_tensor_parallelism_and_stops_its_ranks(checkpoints):
+    import httpx
+
+    from tests.procs import free_port, stator_process
+
+    model_dir, _ = checkpoints("llama3")
+    port = free_port()
+    proc = stator_process(
+        "run",
+        "--engine", "native",
+        "--model", str(model_dir),
+        "--served-model-name", "tiny-tp",
+        "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", "4MiB",
+        "--cpu-threads", "1",
+        "--tensor-parallel-size", "2",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, "stator run exited early"
+            assert time.monotonic() < deadline, "stator run never became healthy"
+            time.sleep(0.3)
+        assert len(_rank_pids(str(model_dir))) == 1
+        body = {
+            "model": "tiny-tp",
+            "prompt": "hello there",
+            "max_tokens": 5,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 5
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 30
+    while _rank_pids(str(model_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _rank_pids(str(model_dir)) == []
