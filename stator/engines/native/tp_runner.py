@@ -83,7 +83,8 @@ def make_runner(
     try:
         runner = ShardedModelRunner(shard_spec(spec, 0, size), config, model_dir, max_model_len)
     except BaseException:
-        group.stop()
+        # The ranks may sit in another collective of the build: no STOP message, only EOF.
+        group.stop(graceful=False)
         raise
     runner.group = group
     return runner
@@ -146,8 +147,11 @@ class RankGroup:
         """Until every rank has reached the store (a rank that dies first is an error, not a
         hang on the rendezvous)."""
         keys = [parallel.joined_key(rank) for rank in range(1, size)]
+        deadline = time.monotonic() + parallel.TIMEOUT.total_seconds()
         while not all(self.store.check([k]) for k in keys):
             self._raise_if_exited()
+            if time.monotonic() > deadline:
+                raise RuntimeError("tensor-parallel ranks did not start in time")
             time.sleep(_JOIN_POLL_S)
 
     def _raise_if_exited(self) -> None:
@@ -172,12 +176,12 @@ class RankGroup:
             raise RuntimeError(self.failure)
         self.channel.send(inputs)
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
         """Stop every rank (a STOP message, then closing their stdin) and leave the group."""
         if self.stopping:
             return
         self.stopping = True
-        if parallel.is_initialized() and self.failure is None:
+        if graceful and parallel.is_initialized() and self.failure is None:
             try:
                 self.channel.send_stop()
             except RuntimeError as exc:  # a rank already gone: closing stdin ends the rest
@@ -193,4 +197,7 @@ class RankGroup:
                 log.warning("tensor-parallel rank pid %d did not stop; killing it", proc.pid)
                 proc.kill()
                 proc.wait()
-        parallel.destroy()
+        try:
+            parallel.destroy()
+        except RuntimeError as exc:  # a communicator already aborted
+            log.warning("leaving the tensor-parallel group: %r", exc)

@@ -274,3 +274,14 @@ def test_stator_run_serves_with_tensor_parallelism_and_stops_its_ranks(checkpoin
     while _rank_pids(str(model_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _rank_pids(str(model_dir)) == []
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_cuda_more_ranks_than_gpus_is_a_clear_error(checkpoints):
+    model_dir, _ = checkpoints("llama3")
+    count = torch.cuda.device_count()
+    if count != 2:
+        pytest.skip("4 ranks must divide the tiny model's heads: written for 2 GPUs")
+    with pytest.raises(ValueError, match=f"{count} visible"):
+        core_for(model_dir, device="cuda", tensor_parallel_size=2 * count)
