@@ -122,6 +122,20 @@ def test_a_rank_that_dies_fails_the_next_step_instead_of_hanging(checkpoints):
         core.close()
 
 
+def test_the_offline_llm_closes_its_ranks_on_exit(checkpoints):
+    import stator
+
+    model_dir, _ = checkpoints("llama3")
+    ids = prompt(5, 12)
+    expected = tokens_of(run_all(core_for(model_dir, **CPU), [greedy_request("r", ids, 6)])["r"])
+    params = stator.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with stator.LLM(model_dir, tensor_parallel_size=2, **CPU) as llm:
+        procs = list(llm.core.runner.group.procs)
+        [out] = llm.generate([ids], params)
+    assert out.outputs[0].token_ids == expected
+    assert [p.poll() for p in procs] == [0]
+
+
 _KILLED_WORKER = """
 import sys, time
 from tests.engines.native.models import core_for
