@@ -56,10 +56,11 @@ def bench(size: int, args: argparse.Namespace, model_dir: Path) -> dict:
         max_num_seqs=args.max_num_seqs,
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=size,
+        enforce_eager=args.eager,
     )
     t0 = time.perf_counter()
     core = EngineCore(config, model_dir)
-    res: dict = {"size": size, "startup_s": time.perf_counter() - t0}
+    res: dict = {"size": size, "eager": args.eager, "startup_s": time.perf_counter() - t0}
     res["kv_blocks"] = core.blocks.num_blocks
     rng = random.Random(1)
     try:
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     results = []
