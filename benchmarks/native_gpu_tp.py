@@ -13,9 +13,12 @@ weights, warm-up, CUDA-graph capture).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
+import logging
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -95,6 +98,9 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank0 %(name)s %(message)s")
+    # `timeout -s USR1 ...` (signals the whole group): every rank prints where it is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)

@@ -9,9 +9,11 @@ so a rank never outlives the engine, even one killed without a chance to clean u
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 
@@ -37,7 +39,8 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, format=f"%(asctime)s tp-rank{rank} %(name)s %(message)s"
     )
     threading.Thread(target=_exit_when_rank0_is_gone, name="rank0-watch", daemon=True).start()
-    config = NativeConfig(**args["config"])
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it hangs
+    config = NativeConfig(**args["config"])  # as rank 0 runs it (tp_runner.rank_config)
     if config.cpu_threads > 0:
         torch.set_num_threads(config.cpu_threads)
     device = rank_device(config, rank)

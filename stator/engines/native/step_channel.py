@@ -1,10 +1,14 @@
 """Rank 0 hands each step's inputs to the other tensor-parallel ranks.
 
-Two broadcasts per step: a fixed-size header of sizes and flags over the host (gloo)
-group, which the receivers need on the host to shape their buffers, then one packed int64
-tensor (token ids, positions, slots, block tables, lengths, logits rows) over the device
-group. Rank 0 packs tensors that are already on its device, so sending never waits for the
-GPU; every rank then rebuilds the same `StepInputs` and runs the same forward pass.
+Two broadcasts per step over the host (gloo) group: a fixed-size header of sizes and
+flags, which the receivers need to shape their buffers, then one packed int64 tensor
+(token ids, positions, slots, block tables, lengths, logits rows) that each rank copies
+to its device. Every rank then rebuilds the same `StepInputs` and runs the same forward.
+
+The payload goes over gloo, not NCCL, because the one run on two H200s with an NCCL
+broadcast here (and decode CUDA graphs) hung after start-up, while gloo collectives and
+eager NCCL all-reduces ran there (see benchmarks/native_gpu_notes.md). It costs rank 0 a
+copy of a few KiB to the host per step.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ class StepChannel:
             ctx.cu_query_lens,
             inputs.logits_rows,
         )
-        dist.broadcast(torch.cat([p.to(torch.long) for p in parts]), 0)
+        payload = torch.cat([p.to(torch.long) for p in parts]).cpu()
+        dist.broadcast(payload, 0, group=parallel.host_group())
 
     def send_stop(self) -> None:
         header = torch.zeros(_HEADER, dtype=torch.long)
@@ -70,8 +75,9 @@ class StepChannel:
         if op == _STOP:
             return None
         sizes = [tokens, tokens, tokens, batch * width, batch, batch, batch + 1, rows]
-        payload = torch.empty(sum(sizes), dtype=torch.long, device=self.device)
-        dist.broadcast(payload, 0)
+        received = torch.empty(sum(sizes), dtype=torch.long)
+        dist.broadcast(received, 0, group=parallel.host_group())
+        payload = received.to(self.device, non_blocking=True)
         ids, pos, slots, tables, q_lens, kv_lens, cu, logits_rows = payload.split(sizes)
         ctx = StepContext(
             positions=pos,
