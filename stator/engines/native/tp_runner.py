@@ -3,8 +3,8 @@
 Rank 0 is the runner the engine core drives in the worker process (it schedules and
 samples); ranks 1..N-1 are subprocesses (`rank_worker.py`) that build the same runner on
 their own GPU and run every step rank 0 broadcasts (`step_channel.py`). All ranks build
-in lockstep, so the collectives of construction line up: the warm-up step, the KV cache
-size (the smallest any GPU can hold) and the CUDA-graph captures.
+in lockstep, so the collectives of construction line up: the warm-up step (CUDA) and the
+KV cache size (the smallest any GPU can hold).
 
 The subprocesses die with rank 0: each watches its stdin, a pipe rank 0 holds open, and
 exits when it closes (rank 0 stopped or was killed). Rank 0 watches them in turn and fails
