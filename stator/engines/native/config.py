@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stator.config import option
+from stator.engines.native.sharding import TPShard
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -83,6 +84,11 @@ class NativeConfig:
         "(benchmarks without a checkpoint)",
         choices=["auto", "dummy"],
     )
+    tensor_parallel_size: int = option(
+        1,
+        "GPUs (or CPU processes) one model is split over, Megatron style; ranks 1..N-1 run "
+        "in subprocesses of the worker (NCCL on CUDA, gloo on the CPU)",
+    )
 
 
 _DTYPE_NAMES = {"float32", "bfloat16", "float16"}
@@ -111,6 +117,8 @@ class ModelSpec:
     eos_token_ids: list[int]
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The part of the model this process holds (sharding.shard_spec); all of it by default.
+    tp: TPShard = field(default_factory=TPShard)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelSpec:

@@ -78,6 +78,8 @@ class NativeEngine(Engine):
             self._task = None
         for rid in list(self._streams):
             self._finish_stream(rid, EngineOutput(finish_reason="abort"))
+        if self.core is not None:  # after any step in flight: stops tensor-parallel ranks
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.core.close)
         self._executor.shutdown(wait=True)
 
     async def health_check(self) -> None:

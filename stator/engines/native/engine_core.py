@@ -17,7 +17,6 @@ from stator.engines.base import EngineError
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
-from stator.engines.native.model_runner import ModelRunner
 from stator.engines.native.overlap import (
     PLACEHOLDER,
     PendingStep,
@@ -30,6 +29,7 @@ from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler, gather_logprobs
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
+from stator.engines.native.tp_runner import make_runner
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
 
 
@@ -55,7 +55,8 @@ class EngineCore:
         if config.block_size < 1:
             raise ValueError(f"--block-size must be positive, got {config.block_size}")
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
-        self.runner = ModelRunner(self.spec, config, model_dir, self.max_model_len, backend)
+        # One runner, or rank 0 of a tensor-parallel group (--tensor-parallel-size).
+        self.runner = make_runner(self.spec, config, model_dir, self.max_model_len, backend)
         self.blocks = BlockManager(
             self.runner.num_blocks,
             config.block_size,
@@ -105,6 +106,10 @@ class EngineCore:
             return False
         self.scheduler.remove(seq)
         return True
+
+    def close(self) -> None:
+        """Stop what the engine started besides this thread (tensor-parallel ranks)."""
+        self.runner.close()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._pending is not None

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stator.engines.native.sharding import read_all
+
 
 def _fused_kernels(x: torch.Tensor) -> bool:
     """The Triton element-wise kernels serve CUDA tensors; the CPU keeps PyTorch ops."""
@@ -38,7 +40,8 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def _default_loader(param: nn.Parameter, loaded: torch.Tensor, shard: Any = None) -> None:
+def _default_loader(param: nn.Parameter, loaded: Any, shard: Any = None) -> None:
+    loaded = read_all(loaded)  # a tensor or a lazy safetensors slice (sharding.py)
     if param.shape != loaded.shape:
         raise ValueError(f"weight shape {tuple(loaded.shape)} != expected {tuple(param.shape)}")
     param.data.copy_(loaded)
@@ -67,10 +70,11 @@ class Linear(nn.Linear):
     def shard_slices(self) -> dict[Any, slice]:
         return {}
 
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: Any = None) -> None:
+    def load_shard(self, param: nn.Parameter, loaded: Any, shard: Any = None) -> None:
         if shard is None:
             _default_loader(param, loaded)
             return
+        loaded = read_all(loaded)
         rows = self.shard_slices()[shard]
         target = param.data[rows]
         if target.shape != loaded.shape:
@@ -100,12 +104,13 @@ class MergedLinear(Linear):
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused."""
+    """down(silu(gate(x)) * up(x)), with gate and up fused into one projection (its first
+    half the gate). The model builds the projections (split over ranks or not)."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, gate_up_proj: nn.Module, down_proj: nn.Module) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, {0: intermediate, 1: intermediate})
-        self.down_proj = Linear(intermediate, hidden)
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

@@ -78,6 +78,16 @@ class LLM:
         )
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel ranks, if any (they also exit with this process)."""
+        self.core.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def generate(
         self,
         prompts: PromptInput | Sequence[PromptInput],

@@ -3,6 +3,8 @@
 Loading is data: each checkpoint tensor name is mapped through the model's
 `packed_modules` table to a parameter and a shard, and the parameter's own `weight_loader`
 puts it in place. Every parameter must be loaded exactly once; anything else is an error.
+Tensors arrive as lazy safetensors slices: a tensor-parallel layer reads only its rank's
+rows or columns from the file (sharding.py), so no rank holds the whole model.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from stator.engines.native.sharding import read_all, shape_of
 
 # Buffers some checkpoints carry that the model recomputes itself.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -31,11 +36,12 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(model_dir: str | Path) -> Iterator[tuple[str, Any]]:
+    """(name, lazy slice) of every checkpoint tensor; index a slice to read from the file."""
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118  (safe_open has no __iter__)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def load_weights(model: nn.Module, model_dir: str | Path) -> None:
@@ -57,11 +63,11 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
         loader = getattr(param, "weight_loader", None)
         with torch.no_grad():
             if loader is None:
-                if param.shape != tensor.shape:
+                if tuple(param.shape) != shape_of(tensor):
                     raise ValueError(
-                        f"{name}: shape {tuple(tensor.shape)} != expected {tuple(param.shape)}"
+                        f"{name}: shape {shape_of(tensor)} != expected {tuple(param.shape)}"
                     )
-                param.data.copy_(tensor)
+                param.data.copy_(read_all(tensor))
             else:
                 loader(param, tensor, shard)
         loaded.add((target, shard))

@@ -207,6 +207,9 @@ class ModelRunner:
         )
         return num_blocks
 
+    def close(self) -> None:
+        """Nothing to release on one device (tensor parallelism's rank 0 stops its ranks)."""
+
     # -- one step ------------------------------------------------------------------------
 
     def prepare(

@@ -13,8 +13,15 @@ from torch import nn
 
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.config import ModelSpec
-from stator.engines.native.layers import GatedMLP, Linear, MergedLinear, RMSNorm, RotaryEmbedding
+from stator.engines.native.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from stator.engines.native.models.registry import register
+from stator.engines.native.parallel_layers import (
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    gate_up_linear,
+    qkv_linear,
+)
 
 
 class Attention(nn.Module):
@@ -31,11 +38,11 @@ class Attention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
         self.head_dim = spec.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(
-            spec.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=qkv_bias
+        # `spec` is this rank's shard (sharding.shard_spec): its heads only.
+        self.qkv_proj = qkv_linear(spec, qkv_bias)
+        self.o_proj = RowParallelLinear(
+            self.num_heads * self.head_dim, spec.hidden_size, spec.tp, bias=o_bias
         )
-        self.o_proj = Linear(q_size, spec.hidden_size, bias=o_bias)
         self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if qk_norm else None
         self.rotary = rotary
@@ -62,7 +69,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, attention: Attention) -> None:
         super().__init__()
         self.self_attn = attention
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+        self.mlp = GatedMLP(
+            gate_up_linear(spec),
+            RowParallelLinear(spec.intermediate_size, spec.hidden_size, spec.tp, bias=False),
+        )
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -83,7 +93,7 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, spec: ModelSpec, layers: list[DecoderLayer]) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, spec.tp)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
@@ -133,7 +143,7 @@ class LlamaForCausalLM(nn.Module):
             for _ in range(spec.num_layers)
         ]
         self.model = DecoderModel(spec, layers)
-        self.lm_head = Linear(spec.hidden_size, spec.vocab_size)
+        self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, spec.tp)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
