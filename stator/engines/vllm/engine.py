@@ -128,6 +128,9 @@ class VllmEngine(Engine):
             max_num_seqs=cfg.scheduler_config.max_num_seqs,
             max_num_batched_tokens=cfg.scheduler_config.max_num_batched_tokens,
             eos_token_ids=eos_ids,
+            prompt_embeds_hidden_size=(
+                cfg.model_config.get_hidden_size() if cfg.model_config.enable_prompt_embeds else 0
+            ),
             engine="vllm",
             extra={"vllm_version": _vllm_version()},
         )
