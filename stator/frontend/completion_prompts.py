@@ -73,8 +73,8 @@ def _decode_all(payloads: list[str], pipeline: ModelPipeline) -> list[PromptEmbe
         try:
             decoded.append(decode_prompt_embeds(payload, hidden, pipeline.context_length))
         except InvalidPromptEmbeds as exc:
-            where = f"prompt_embeds[{i}]" if len(payloads) > 1 else "prompt_embeds"
-            raise errors.bad_request(f"{where}: {exc}", param="prompt_embeds") from exc
+            where = f"prompt_embeds[{i}]: " if len(payloads) > 1 else ""
+            raise errors.bad_request(f"{where}{exc}", param="prompt_embeds") from exc
     return decoded
 
 

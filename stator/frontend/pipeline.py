@@ -238,7 +238,8 @@ class ModelPipeline:
         """GPT-OSS: the conversation rendered as Harmony tokens (its chat template is not
         used: the renderer is exact and knows reasoning effort and tools)."""
         started = time.perf_counter()
-        messages = self._template_messages(body)
+        # Content parts stay parts here: Harmony encodes each on its own (chat_to_harmony).
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
         ids = self.parsing.harmony_prompt(messages, body.tools, body.reasoning_effort)
         self.metrics.stage_timers["template"].observe(time.perf_counter() - started)
         return ids

@@ -169,7 +169,7 @@ def test_responses_api_on_harmony(client, gpt_oss, harmony_tokenizer):
         engines[ANSWER].requests[-1].token_ids, skip_special_tokens=False
     )
     assert "Need the weather first." in prompt
-    assert "<|start|>functions.get_weather to=assistant" in prompt
+    assert "<|start|>functions.get_weather<|channel|>commentary to=assistant" in prompt
     events = list(client.responses.create(model=ANSWER, input="Hi", stream=True))
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == "Hi! How can I help? 🙂"
