@@ -83,7 +83,7 @@ class Router:
         if self.mode == "kv":
             if config.router_kv_events:
                 self.index = KvIndex(self.block_size, config.router_kv_index_jump)
-                sync = KvEventSync(self.index)
+                sync = KvEventSync(self.index, state_available=card.kv_state_available)
                 self.feed = KvEventFeed(runtime, client, sync, self.metrics)
             else:
                 self.approx = ApproxKvIndex(

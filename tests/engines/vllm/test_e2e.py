@@ -4,9 +4,6 @@ discovery, ZMQ event plane, KV router), driven with the openai SDK."""
 from __future__ import annotations
 
 import base64
-import contextlib
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +16,7 @@ import openai
 import torch
 from tokenizers import Tokenizer
 
-from tests.e2e.fleet import Fleet, live_instances, wait_until
+from tests.e2e.fleet import live_instances, wait_until
 from tests.engines.vllm.helpers import offline_greedy_many
 from tests.engines.vllm.models import HIDDEN
 
@@ -37,20 +34,6 @@ def random_embeds(path: Path, rows: int, hidden: int) -> Path:
 
 def b64_of(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
-
-
-@pytest.fixture
-def fleet(tmp_path):
-    f = Fleet(tmp_path)
-    yield f
-    # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
-    # vLLM's EngineCore and resource-tracker processes).
-    for proc in f.procs:
-        proc.signal(signal.SIGTERM)
-    for proc in f.procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(60)
-    f.close()
 
 
 def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path):

@@ -9,7 +9,6 @@ stator's side is the frontend's chat path (`ModelPipeline` → `ModelParsing.har
 from __future__ import annotations
 
 import copy
-import types
 
 import pytest
 
@@ -25,7 +24,7 @@ from stator.frontend.pipeline import ModelPipeline
 from stator.llm import Tokenizer
 from stator.parsers.harmony.chat import conversation_start_date
 from stator.protocols import ModelCard
-from tests.parsers.harmony_vocab import VocabUnavailable, o200k_harmony_tokenizer_json
+from tests.engines.vllm.harmony import harmony_tokenizer_json, vllm_chat_prompt_ids
 
 WEATHER = {
     "type": "function",
@@ -115,11 +114,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    try:
-        path = o200k_harmony_tokenizer_json()
-    except VocabUnavailable as exc:
-        pytest.skip(f"the o200k_harmony tokenizer cannot be rebuilt offline here: {exc}")
-    return Tokenizer.from_files({"tokenizer.json": path.read_bytes()})
+    return Tokenizer.from_files({"tokenizer.json": harmony_tokenizer_json().read_bytes()})
 
 
 @pytest.fixture(scope="module")
@@ -146,29 +141,11 @@ def stator_prompt(parsing: ModelParsing, body: dict) -> list[int]:
     return pipeline.chat_prompt(ChatCompletionRequest(model="gpt-oss", **copy.deepcopy(body)))
 
 
-def vllm_prompt(body: dict) -> list[int]:
-    """vLLM's server preprocessing for GPT-OSS chat, as `render_chat` runs it."""
-    from vllm.entrypoints.openai.chat_completion.protocol import (
-        ChatCompletionRequest as VllmChatRequest,
-    )
-    from vllm.renderers.online_renderer import OnlineRenderer
-
-    request = VllmChatRequest(model="gpt-oss", **copy.deepcopy(body))
-    # What `_make_request_with_harmony` reads of the renderer: no disaggregated prompt
-    # reuse, no built-in browsing or code tools (as for any chat request).
-    server = types.SimpleNamespace(
-        renderer=None, supports_browsing=False, supports_code_interpreter=False
-    )
-    include_tools = request.tools is not None
-    _messages, inputs = OnlineRenderer._make_request_with_harmony(server, request, include_tools)
-    return list(inputs[0]["prompt_token_ids"])
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_prompt_ids_match_vllm_chat_path(name, parsing, tokenizer):
     body = CASES[name]
     ours = stator_prompt(parsing, body)
-    theirs = vllm_prompt(body)
+    theirs = vllm_chat_prompt_ids(body)
     if ours != theirs:  # show the difference as text, not as 300 ids
         assert tokenizer.decode(ours, skip_special_tokens=False) == tokenizer.decode(
             theirs, skip_special_tokens=False
@@ -184,4 +161,4 @@ def test_unsupported_reasoning_effort_is_400_as_in_vllm(parsing):
         stator_prompt(parsing, body)
     assert raised.value.status == 400 and raised.value.param == "reasoning_effort"
     with pytest.raises(VLLMValidationError):
-        vllm_prompt(body)
+        vllm_chat_prompt_ids(body)
