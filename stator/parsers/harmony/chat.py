@@ -91,7 +91,7 @@ def chat_to_harmony(
 
 
 def _assistant(message: dict) -> list[HarmonyMessage]:
-    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    reasoning = _text(message.get("reasoning") or message.get("reasoning_content"))
     analysis = [HarmonyMessage("assistant", reasoning, channel="analysis")] if reasoning else []
     content = _text(message.get("content"))
     calls = message.get("tool_calls") or []
@@ -102,6 +102,8 @@ def _assistant(message: dict) -> list[HarmonyMessage]:
     out = [HarmonyMessage("assistant", content, channel="commentary")] if content else []
     out += analysis
     for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("function") or {}, dict):
+            raise ChatConversionError("each tool call must be an object with a function object")
         function = call.get("function") or {}
         name = function.get("name")
         if not name:
