@@ -125,6 +125,20 @@ async def test_worker_that_cannot_send_its_state_is_never_asked_for_it():
     await router.close()
 
 
+async def test_prompt_embeddings_are_booked_by_their_rows():
+    router, workers = await start_router(1, RouterConfig(router_mode="least-loaded"))
+    w = workers[0]
+    w.release.clear()
+    embeds = request("e", [], prompt_embeds=bytes(64), prompt_embeds_shape=[8, 2])
+    embeds.prompt_embeds_dtype = "float32"
+    task = asyncio.create_task(collect(router, embeds))
+    await until(lambda: len(w.requests) == 1)
+    assert router.load.load((w.id, 0)).prefill_tokens == 8
+    w.release.set()
+    assert (await task)[-1].finish_reason == "length"
+    await router.close()
+
+
 def block_stored(hashes):
     from stator.protocols import BlockStored
 
