@@ -48,6 +48,7 @@ def prompt_length(request: EngineRequest) -> int:
     shape = request.prompt_embeds_shape
     return shape[0] if request.prompt_embeds is not None and shape else len(request.token_ids)
 
+
 LOAD_TOPIC = "load"
 _UNCHANGED: Any = object()
 
