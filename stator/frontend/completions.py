@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from stator.frontend import errors
+from stator.frontend.completion_prompts import completion_prompts, prompt_length
 from stator.frontend.metrics import GenerationTracker
 from stator.frontend.openai_models import CompletionRequest
 from stator.frontend.pipeline import (
@@ -72,9 +73,9 @@ async def create_completion(
     body: CompletionRequest, pipeline: ModelPipeline, request_id: str, receive: Receive
 ) -> Response | SSEResponse:
     _check_supported(body)
-    prompts = pipeline.completion_prompts(body)
+    prompts = await completion_prompts(body, pipeline)
     streams = pipeline.open_choices(body, prompts, request_id)
-    prompt_tokens = sum(len(p) for p in prompts)
+    prompt_tokens = sum(map(prompt_length, prompts))
     tracker = GenerationTracker(pipeline.model_metrics, prompt_tokens)
     try:
         await cancel_on_disconnect(receive, prime_all(streams))
@@ -84,7 +85,8 @@ async def create_completion(
     except BaseException:
         tracker.finish(0, 0, disconnected=False)
         raise
-    echoes = [pipeline.decode_prompt(p) if body.echo else "" for p in prompts]
+    # Echo is refused with embeddings (completion_prompts): every prompt here is ids.
+    echoes = [pipeline.decode_prompt(p) if body.echo else "" for p in prompts]  # type: ignore[arg-type]
     context = _Context(body, pipeline, streams, tracker, echoes, prompt_tokens, request_id)
 
     def totals() -> tuple[int, int]:

@@ -143,7 +143,10 @@ PromptField = (
 
 
 class CompletionRequest(SamplingFields):
-    prompt: PromptField
+    # Either may be left out, not both (checked with the model's card in hand).
+    prompt: PromptField | None = None
+    # vLLM's extension: base64 of `torch.save(tensor [tokens, hidden])`, or a list of them.
+    prompt_embeds: str | list[str] | None = None
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None

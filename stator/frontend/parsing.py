@@ -25,6 +25,7 @@ from stator.parsers.harmony import (
     HarmonyStreamParser,
     chat_to_harmony,
 )
+from stator.parsers.harmony.render import REASONING_EFFORTS
 from stator.parsers.output import HARMONY_PARSERS
 from stator.parsers.reasoning import reasoning_parser_names
 from stator.parsers.reasoning.think_tags import THINK_END, THINK_START
@@ -190,6 +191,12 @@ class ModelParsing:
         self, messages: list[dict], tools: list[dict] | None, reasoning_effort: str | None
     ) -> list[int]:
         assert self.harmony is not None
+        if reasoning_effort is not None and reasoning_effort not in REASONING_EFFORTS:
+            raise errors.bad_request(
+                f"GPT-OSS takes reasoning_effort {', '.join(REASONING_EFFORTS)}; "
+                f"got {reasoning_effort!r}.",
+                param="reasoning_effort",
+            )
         try:
             conversation = chat_to_harmony(
                 messages, tools=tools, reasoning_effort=reasoning_effort or "medium"

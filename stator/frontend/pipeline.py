@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -28,6 +28,7 @@ from stator.llm import (
     TemplateRenderError,
     build_sampling,
 )
+from stator.llm.prompt_embeds import PromptEmbeds
 from stator.protocols import EngineOutput, EngineRequest, ModelCard, RoutingHints
 from stator.router import BadRouting, Overloaded, Router, RouterConfig
 from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
@@ -65,7 +66,8 @@ class ChoiceStream:
         self.index = index
         self.request = request
         self.processor = processor
-        self.prompt_tokens = len(request.token_ids)
+        shape = request.prompt_embeds_shape
+        self.prompt_tokens = len(request.token_ids) if shape is None else shape[0]
         self.detokenize_seconds = 0.0
         self._outputs: AsyncIterator[EngineOutput] = pipeline.router.generate(request)
         self._first: Delta | None = None
@@ -236,34 +238,11 @@ class ModelPipeline:
         """GPT-OSS: the conversation rendered as Harmony tokens (its chat template is not
         used: the renderer is exact and knows reasoning effort and tools)."""
         started = time.perf_counter()
-        messages = self._template_messages(body)
+        # Content parts stay parts here: Harmony encodes each on its own (chat_to_harmony).
+        messages = [message.model_dump(exclude_none=True) for message in body.messages]
         ids = self.parsing.harmony_prompt(messages, body.tools, body.reasoning_effort)
         self.metrics.stage_timers["template"].observe(time.perf_counter() - started)
         return ids
-
-    def completion_prompts(self, body: CompletionRequest) -> list[list[int]]:
-        prompt = body.prompt
-        started = time.perf_counter()
-        if isinstance(prompt, str):
-            prompts = [self.tokenizer.encode(prompt, add_special_tokens=True)]
-        elif prompt and isinstance(prompt[0], str):
-            prompts = [self.tokenizer.encode(p, add_special_tokens=True) for p in prompt]
-        elif prompt and isinstance(prompt[0], int):
-            prompts = [list(prompt)]  # type: ignore[arg-type]
-        else:
-            prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
-        self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - started)
-        vocab = self.tokenizer.vocab_size
-        for i, ids in enumerate(prompts):
-            if not ids:
-                raise errors.bad_request(f"prompt {i} is empty.", param="prompt")
-            bad = next((t for t in ids if t < 0 or t >= vocab), None)
-            if bad is not None:
-                raise errors.bad_request(
-                    f"Token id {bad} in prompt {i} is out of the vocabulary (0..{vocab - 1}).",
-                    param="prompt",
-                )
-        return prompts
 
     def decode_prompt(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -273,10 +252,11 @@ class ModelPipeline:
     def open_choices(
         self,
         body: ChatCompletionRequest | CompletionRequest,
-        prompts: list[list[int]],
+        prompts: Sequence[list[int] | PromptEmbeds],
         request_id: str,
     ) -> list[ChoiceStream]:
-        """One `ChoiceStream` per (prompt, choice), indexed `prompt * n + choice`."""
+        """One `ChoiceStream` per (prompt, choice), indexed `prompt * n + choice`. A prompt
+        is token ids, or embeddings sent in their place (completions only)."""
         fields = body.model_dump(exclude_unset=True)
         api = "chat" if isinstance(body, ChatCompletionRequest) else "completions"
         skip_special = (
@@ -287,7 +267,8 @@ class ModelPipeline:
         target = target_worker_var.get()
         routing = RoutingHints(target_worker_id=target) if target is not None else None
         streams: list[ChoiceStream] = []
-        for p, ids in enumerate(prompts):
+        for p, prompt in enumerate(prompts):
+            ids, embeds = (prompt, None) if isinstance(prompt, list) else ([], prompt)
             try:
                 # Per prompt: the default max_tokens and the context check depend on its
                 # length.
@@ -296,7 +277,7 @@ class ModelPipeline:
                     generation_config=self.files.generation_config,
                     eos_token_ids=self.eos_token_ids,
                     vocab_size=self.tokenizer.vocab_size,
-                    prompt_tokens=len(ids),
+                    prompt_tokens=len(ids) if embeds is None else embeds.num_tokens,
                     context_length=self.context_length,
                     api=api,
                 )
@@ -328,6 +309,9 @@ class ModelPipeline:
                     request_id=request_id if index == 0 else f"{request_id}-{index}",
                     model=self.name,
                     token_ids=ids,
+                    prompt_embeds=None if embeds is None else embeds.data,
+                    prompt_embeds_shape=None if embeds is None else embeds.shape,
+                    prompt_embeds_dtype=None if embeds is None else embeds.dtype,
                     sampling=choice_sampling,
                     stop=stop,
                     routing=routing,

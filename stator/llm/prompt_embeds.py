@@ -35,6 +35,10 @@ class PromptEmbeds:
     shape: list[int]
     dtype: str
 
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[0]
+
 
 def _torch() -> Any:
     try:
@@ -80,6 +84,8 @@ def decode_prompt_embeds(
     if dtype not in DTYPES:
         raise InvalidPromptEmbeds(f"prompt_embeds dtype {dtype} is not one of {sorted(DTYPES)}")
     check_shape(list(tensor.shape), hidden_size, max_tokens)
+    if not bool(torch.isfinite(tensor).all()):
+        raise InvalidPromptEmbeds("prompt_embeds contains NaN or infinite values")
     data = tensor.contiguous().view(torch.uint8).numpy().tobytes()
     return PromptEmbeds(data=data, shape=list(tensor.shape), dtype=dtype)
 

@@ -1,7 +1,8 @@
 """`KvEventFeed`: the I/O edge of the KV index. Subscribes to the workers' KV events
 (topic `kv_events`), applies them through `KvEventSync`, and fetches a worker's full KV
 state from its admin endpoint (`AdminRequest(op="kv_state")`) when the worker is
-discovered or a gap shows in its events.
+discovered or a gap shows in its events (unless the workers' engine cannot send it:
+`KvEventSync.state_available`).
 """
 
 from __future__ import annotations
@@ -75,8 +76,16 @@ class KvEventFeed:
             # repaired from the worker's state once it is discovered.
             if event.worker_id not in live:
                 continue
+            gaps = self.sync.gaps
             if self.sync.apply(event):
                 self._spawn(event.worker_id)
+            elif self.sync.gaps != gaps:
+                log.warning(
+                    "KV events of worker %x were lost before event %d; its engine cannot "
+                    "send its KV state, so its index goes on from here",
+                    event.worker_id,
+                    event.event_id,
+                )
         self.metrics.kv_events.inc(len(batch.events))
 
     def on_instance(self, worker_id: int, alive: bool) -> None:
@@ -89,6 +98,8 @@ class KvEventFeed:
             self.sync.remove_worker(worker_id)
 
     def request_resync(self, worker_id: int) -> None:
+        if not self.sync.state_available:
+            return  # nothing to fetch: its events are indexed from the first one seen
         if self.sync.begin_resync(worker_id):
             self._spawn(worker_id)
 

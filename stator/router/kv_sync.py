@@ -7,6 +7,11 @@ longer mirrors that worker: the caller fetches the worker's full KV state (its a
 endpoint's `kv_state` op) and hands it to `finish_resync`. Events that arrive while the
 state is being fetched are buffered and replayed on top of it.
 
+A worker whose engine cannot dump its state (`ModelCard.kv_state_available` false: vLLM)
+is never asked for it: a gap is counted and bridged, the index keeps what it knew and goes
+on from the event after the gap (blocks stored or removed in the lost events stay unknown;
+a wrong guess costs a worse route, never a wrong answer).
+
 Pure and synchronous; the fetching is done by `stator.router.kv_feed`.
 """
 
@@ -20,8 +25,9 @@ _FIRST_IDS = (0, 1)
 
 
 class KvEventSync:
-    def __init__(self, index: KvIndex) -> None:
+    def __init__(self, index: KvIndex, *, state_available: bool = True) -> None:
         self.index = index
+        self.state_available = state_available
         self._last: dict[WorkerKey, int] = {}
         # Workers resynced from a state that did not say where in their event sequence
         # it was taken: a rank with no known position takes its next event, whatever its
@@ -35,7 +41,8 @@ class KvEventSync:
 
     def apply(self, event: KvEvent) -> bool:
         """Apply one event. True when the worker must be resynced (the caller fetches
-        its state, then calls `finish_resync` or `abandon_resync`)."""
+        its state, then calls `finish_resync` or `abandon_resync`); never without
+        `state_available`."""
         wid = event.worker_id
         buffered = self._resyncing.get(wid)
         if buffered is not None:
@@ -44,7 +51,9 @@ class KvEventSync:
         key = (wid, event.dp_rank)
         last = self._last.get(key)
         if last is None:
-            if event.event_id not in _FIRST_IDS and wid not in self._baseline_next:
+            # Without a state to fetch, whatever we hear first is where we start.
+            late = event.event_id not in _FIRST_IDS and self.state_available
+            if late and wid not in self._baseline_next:
                 return self._gap(event)
         elif event.event_id <= last:
             return False  # a duplicate (replayed after a resync): already applied
@@ -56,6 +65,11 @@ class KvEventSync:
 
     def _gap(self, event: KvEvent) -> bool:
         self.gaps += 1
+        if not self.state_available:
+            key = (event.worker_id, event.dp_rank)
+            self.index.apply(key, event.data)
+            self._last[key] = event.event_id
+            return False
         self._resyncing[event.worker_id] = [event]
         return True
 

@@ -4,7 +4,8 @@ The continuation is the same request with the tokens generated so far appended t
 prompt and the token budget reduced by as many, so the caller sees one stream with no
 token lost or repeated. Only failures of the worker (`stator.runtime.errors.Migratable`)
 are migrated, at most `limit` times per request. Guided decoding is not migrated: its
-grammar state lives in the dead engine.
+grammar state lives in the dead engine. Nor is a prompt given as embeddings: the
+continuation's prompt would mix embedding rows and token ids, which no engine takes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ async def migrating(
     current = request
     migrations = 0
     resumed_after = 0  # tokens generated before the current attempt
-    migratable = request.sampling.guided_decoding is None
+    migratable = request.sampling.guided_decoding is None and request.prompt_embeds is None
     while True:
         stream = attempt(current, tried)
         try:

@@ -42,6 +42,13 @@ from stator.runtime.names import InstanceInfo
 
 log = logging.getLogger(__name__)
 
+
+def prompt_length(request: EngineRequest) -> int:
+    """Tokens the prompt takes in the worker's context: its ids, or its embedding rows."""
+    shape = request.prompt_embeds_shape
+    return shape[0] if request.prompt_embeds is not None and shape else len(request.token_ids)
+
+
 LOAD_TOPIC = "load"
 _UNCHANGED: Any = object()
 
@@ -83,7 +90,7 @@ class Router:
         if self.mode == "kv":
             if config.router_kv_events:
                 self.index = KvIndex(self.block_size, config.router_kv_index_jump)
-                sync = KvEventSync(self.index)
+                sync = KvEventSync(self.index, state_available=card.kv_state_available)
                 self.feed = KvEventFeed(runtime, client, sync, self.metrics)
             else:
                 self.approx = ApproxKvIndex(
@@ -196,7 +203,7 @@ class Router:
         tried.add(key[0])
         self._record_decision(request, key, overlap, hashes, started)
         booking = f"{request.request_id}#{next(self._ids)}"
-        prompt = len(request.token_ids)
+        prompt = prompt_length(request)
         prefill = max(0, prompt - overlap * self.block_size)
         blocks = math.ceil(prompt / self.block_size)
         self.load.add(booking, key, prefill, blocks, hashes)
@@ -325,7 +332,7 @@ class Router:
             )
         choice = choose(
             candidates,
-            len(request.token_ids),
+            prompt_length(request),
             self.block_size,
             weight,
             self.config.router_temperature,

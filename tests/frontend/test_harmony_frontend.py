@@ -107,6 +107,22 @@ def test_prompt_is_rendered_as_harmony_with_stop_tokens(client, gpt_oss, harmony
     assert not {200002, 200012} & set(request.stop.stop_token_ids_hidden)
 
 
+@pytest.mark.parametrize(
+    ("messages", "extra", "param"),
+    [
+        (USER, {"reasoning_effort": "minimal"}, "reasoning_effort"),
+        ([*USER, {"role": "assistant", "tool_calls": ["not an object"]}], {}, "messages"),
+        ([*USER, {"role": "assistant", "reasoning": 5, "content": "x"}], {}, "messages"),
+        ([*USER, {"role": "tool", "tool_call_id": "nope", "content": "x"}], {}, "messages"),
+    ],
+    ids=["minimal-effort", "call-not-an-object", "reasoning-not-text", "unknown-call-id"],
+)
+def test_bad_harmony_chat_is_400(client, messages, extra, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=CALL, messages=messages, extra_body=extra)
+    assert raised.value.body["param"] == param
+
+
 def test_reasoning_and_answer(client):
     r = client.chat.completions.create(model=ANSWER, messages=USER)
     message = r.choices[0].message
@@ -169,7 +185,7 @@ def test_responses_api_on_harmony(client, gpt_oss, harmony_tokenizer):
         engines[ANSWER].requests[-1].token_ids, skip_special_tokens=False
     )
     assert "Need the weather first." in prompt
-    assert "<|start|>functions.get_weather to=assistant" in prompt
+    assert "<|start|>functions.get_weather<|channel|>commentary to=assistant" in prompt
     events = list(client.responses.create(model=ANSWER, input="Hi", stream=True))
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == "Hi! How can I help? 🙂"

@@ -86,3 +86,10 @@ def test_wire_form_is_checked():
     nan = torch.full((1, HIDDEN), float("nan")).numpy().tobytes()
     with pytest.raises(InvalidPromptEmbeds, match="NaN"):
         embeds_tensor(nan, [1, HIDDEN], "float32", HIDDEN, 16)
+
+
+def test_non_finite_values_are_refused_at_decode():
+    tensor = torch.zeros(2, HIDDEN)
+    tensor[1, 3] = float("inf")
+    with pytest.raises(InvalidPromptEmbeds, match="NaN or infinite"):
+        decode_prompt_embeds(saved(tensor), HIDDEN, 16)

@@ -75,9 +75,14 @@ def to_reference(message: HarmonyMessage):
         ref = h.Message.from_role_and_content(h.Role(message.author), content)
     else:
         ref = h.Message.from_author_and_content(h.Author.new(h.Role.TOOL, message.author), content)
-    if message.channel:
+    if message.author != "assistant" and message.recipient:
+        # Deliberate difference: we put a tool result's recipient after its channel, as
+        # vLLM does (render.py); openai-harmony 0.0.8 puts it before. Folded into the
+        # channel text, the reference renders the same tokens as we do.
+        ref = ref.with_channel(f"{message.channel} to={message.recipient}")
+    elif message.channel:
         ref = ref.with_channel(message.channel)
-    if message.recipient:
+    if message.recipient and message.author == "assistant":
         ref = ref.with_recipient(message.recipient)
     if message.content_type:
         ref = ref.with_content_type(message.content_type)
@@ -221,13 +226,18 @@ def test_chat_conversion_renders_like_reference(renderer, reference_encoding):
         },
         {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": -3}'},
     ]
-    messages = chat_to_harmony(chat, tools=[{"type": "function", "function": WEATHER}])
+    messages = chat_to_harmony(
+        chat, tools=[{"type": "function", "function": WEATHER}], current_date="2025-03-04"
+    )
     expected = [
-        sys_msg(),
+        sys_msg(current_date="2025-03-04"),
         dev_msg("Be helpful.", [WEATHER]),
         HarmonyMessage("user", "Weather in Oslo?"),
         analysis("Use the tool."),
-        call("get_weather", '{"location":"Oslo"}'),
+        # vLLM's content type for a call in the history (not `<|constrain|>json`).
+        HarmonyMessage(
+            "assistant", '{"location":"Oslo"}', "commentary", "functions.get_weather", "json"
+        ),
         result("get_weather", '{"temp": -3}'),
     ]
     assert renderer.render_for_completion(messages) == reference_prompt(

@@ -48,7 +48,7 @@ class FakeWorker:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self.requests.append(request)
         await self.release.wait()
-        last = request.token_ids[-1]
+        last = request.token_ids[-1] if request.token_ids else 0  # 0 for embeddings
         n = request.stop.max_tokens or 4
         for i in range(n):
             if self.die_after is not None and i == self.die_after - 1:

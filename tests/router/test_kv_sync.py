@@ -110,3 +110,25 @@ def test_remove_worker_drops_everything():
     assert index.find_matches([10]) == {(7, 0): 1}
     # Back again, it starts over.
     assert not sync.apply(stored(1, 10))
+
+
+def test_without_a_state_to_fetch_a_gap_is_bridged():
+    # vLLM workers cannot dump their cache: the index keeps what it knew and goes on.
+    index = KvIndex(4)
+    sync = KvEventSync(index, state_available=False)
+    assert not sync.apply(stored(1, 10, 11))
+    assert not sync.apply(stored(5, 12))  # 2..4 lost
+    assert sync.gaps == 1 and not sync.resyncing(W)
+    assert index.find_matches([10, 11, 12]) == {(W, 0): 3}
+    assert not sync.apply(stored(5, 13))  # a duplicate is still a duplicate
+    assert not sync.apply(removed(6, 12))
+    assert index.find_matches([10, 11, 12]) == {(W, 0): 2}
+
+
+def test_without_a_state_to_fetch_the_first_event_heard_is_the_start():
+    index = KvIndex(4)
+    sync = KvEventSync(index, state_available=False)
+    assert not sync.apply(stored(7, 10))  # the worker was up before us
+    assert not sync.apply(stored(8, 11))
+    assert sync.gaps == 0
+    assert index.find_matches([10, 11]) == {(W, 0): 2}

@@ -108,3 +108,24 @@ async def test_guided_decoding_is_not_migrated():
     )
     with pytest.raises(StreamDisconnected):
         [o async for o in migrating(req, attempt, limit=3)]
+
+
+async def test_prompt_embeddings_are_not_migrated():
+    # A continuation would need the embeddings plus generated token ids as one prompt.
+    calls = []
+
+    async def attempt(req, tried):
+        calls.append(req)
+        yield EngineOutput(token_ids=[5])
+        raise StreamDisconnected("gone")
+
+    req = EngineRequest(
+        request_id="r",
+        model="m",
+        prompt_embeds=bytes(16),
+        prompt_embeds_shape=[2, 2],
+        prompt_embeds_dtype="float32",
+    )
+    with pytest.raises(StreamDisconnected):
+        [o async for o in migrating(req, attempt, limit=3)]
+    assert len(calls) == 1

@@ -105,6 +105,40 @@ async def test_gap_in_events_is_repaired_from_the_workers_state():
     await router.close()
 
 
+async def test_worker_that_cannot_send_its_state_is_never_asked_for_it():
+    # vLLM's card: no KV state dump. Discovery and a gap in the events fetch nothing; the
+    # index keeps what it knew and goes on from the event after the gap.
+    router, workers = await start_router(
+        1, RouterConfig(router_mode="kv"), kv_state_available=False
+    )
+    w = workers[0]
+    await w.publish_stored(HASHES[:2], event_id=1)
+    await until(lambda: router.index.tree_size((w.id, 0)) == 2)
+    await w.publish_stored(HASHES[2:3], event_id=5)  # events 2..4 lost
+    await until(lambda: router.index.tree_size((w.id, 0)) == 3)
+    await w.publish_stored(HASHES[3:], event_id=6)
+    await until(lambda: router.index.tree_size((w.id, 0)) == 4)
+    assert router.index.find_matches(HASHES) == {(w.id, 0): 4}
+    assert router.feed.sync.gaps == 1
+    assert w.state_calls == 0
+    assert router.metrics.kv_resyncs._value.get() == 0
+    await router.close()
+
+
+async def test_prompt_embeddings_are_booked_by_their_rows():
+    router, workers = await start_router(1, RouterConfig(router_mode="least-loaded"))
+    w = workers[0]
+    w.release.clear()
+    embeds = request("e", [], prompt_embeds=bytes(64), prompt_embeds_shape=[8, 2])
+    embeds.prompt_embeds_dtype = "float32"
+    task = asyncio.create_task(collect(router, embeds))
+    await until(lambda: len(w.requests) == 1)
+    assert router.load.load((w.id, 0)).prefill_tokens == 8
+    w.release.set()
+    assert (await task)[-1].finish_reason == "length"
+    await router.close()
+
+
 def block_stored(hashes):
     from stator.protocols import BlockStored
 

@@ -128,7 +128,11 @@ class VllmEngine(Engine):
             max_num_seqs=cfg.scheduler_config.max_num_seqs,
             max_num_batched_tokens=cfg.scheduler_config.max_num_batched_tokens,
             eos_token_ids=eos_ids,
+            prompt_embeds_hidden_size=(
+                cfg.model_config.get_hidden_size() if cfg.model_config.enable_prompt_embeds else 0
+            ),
             engine="vllm",
+            kv_state_available=False,  # see kv_state
             extra={"vllm_version": _vllm_version()},
         )
 
@@ -308,6 +312,11 @@ class VllmEngine(Engine):
             dead.cancel()
             if nxt is not None and not nxt.done():
                 nxt.cancel()
+
+    def kv_state(self) -> list[KvEvent]:
+        # Answering [] would tell a router the cache is empty; the card says instead that
+        # routers must do without (ModelCard.kv_state_available).
+        raise Unsupported("vLLM cannot list the blocks of its prefix cache (no KV state dump)")
 
     async def clear_kv(self) -> None:
         assert self.llm is not None

@@ -2,7 +2,9 @@
 
 Each message is `<|start|>{author}[ to={recipient}]<|channel|>{channel}[ {content_type}]
 <|message|>{content}<|end|>`, where an assistant message to a recipient (a tool call) ends in
-`<|call|>`. Text pieces are encoded on their own with special-token matching off, so a user
+`<|call|>`; a tool result's recipient follows its channel (`<|channel|>commentary
+to=assistant`), as vLLM renders it (openai-harmony 0.0.8 and the model's chat template put
+it before the channel; vLLM is our reference for prompt ids). Text pieces are encoded on their own with special-token matching off, so a user
 who types `<|end|>` gets those characters, not the control token.
 """
 
@@ -67,7 +69,8 @@ class HarmonyMessage:
     """`author` is the role, or for a tool result the tool's name (`functions.get_weather`)."""
 
     author: str
-    content: str | SystemContent | DeveloperContent
+    # A list is text parts, each encoded on its own (as vLLM does with a message's parts).
+    content: str | list[str] | SystemContent | DeveloperContent
     channel: str | None = None
     recipient: str | None = None
     # e.g. "<|constrain|>json" (or "json"): the arguments' format of a tool call.
@@ -112,10 +115,16 @@ class HarmonyRenderer:
     ) -> list[int]:
         ids = self._ids
         tokens = [ids.start, *self._text(message.author)]
-        if message.recipient and message.recipient != "all":
-            tokens += self._text(f" to={message.recipient}")
+        recipient = message.recipient if message.recipient != "all" else None
+        # As vLLM 0.32 renders them (oss-harmony 0.0.11 plus vLLM's own fix-up): an
+        # assistant's recipient before the channel, anyone else's (a tool result's) after.
+        to_after_channel = message.author != "assistant"
+        if recipient and not to_after_channel:
+            tokens += self._text(f" to={recipient}")
         if message.channel:
             tokens += [ids.channel, *self._text(message.channel)]
+        if recipient and to_after_channel:
+            tokens += self._text(f" to={recipient}")
         if message.content_type:
             content_type = message.content_type
             if content_type.startswith(CONSTRAIN):
@@ -132,6 +141,9 @@ class HarmonyRenderer:
             tokens += self._text(content.render_text(has_function_tools))
         elif isinstance(content, DeveloperContent):
             tokens += self._text(content.render_text())
+        elif isinstance(content, list):
+            for part in content:
+                tokens += self._text(part)
         else:
             tokens += self._text(content)
         is_call = message.author == "assistant" and message.recipient is not None

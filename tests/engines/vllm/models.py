@@ -85,3 +85,58 @@ def make_gpt_oss(path: Path) -> Path:
         layer_types=["sliding_attention", "full_attention"],
         torch_dtype="bfloat16",
     )
+
+
+# o200k_harmony's special tokens that GPT-OSS's own files name (tests/parsers/harmony_vocab).
+HARMONY_BOS, HARMONY_PAD, HARMONY_RETURN, HARMONY_CALL = 199998, 199999, 200002, 200012
+
+
+def make_gpt_oss_harmony(path: Path, tokenizer_json: Path) -> Path:
+    """GPT-OSS on the real o200k_harmony vocabulary (201088 ids), so that vLLM's and stator's
+    Harmony chat paths run on it. Hidden size 64 keeps the two 201088-row matrices small."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    make_model_dir(
+        path,
+        chat_template=None,
+        hidden_size=64,
+        num_heads=1,
+        num_kv_heads=1,
+        num_layers=2,
+        architecture="GptOssForCausalLM",
+        model_type="gpt_oss",
+    )
+    (path / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    specials = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"}  # fmt: skip
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 2048,
+        **specials,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    (path / "special_tokens_map.json").write_text(json.dumps(specials))
+    config_path = path / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(
+        vocab_size=201088,
+        bos_token_id=HARMONY_BOS,
+        eos_token_id=HARMONY_RETURN,
+        pad_token_id=HARMONY_PAD,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        experts_per_token=2,
+        intermediate_size=64,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"],
+        torch_dtype="bfloat16",
+    )
+    config_path.write_text(json.dumps(config, indent=2))
+    eos = [HARMONY_RETURN, HARMONY_PAD, HARMONY_CALL]
+    (path / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": HARMONY_BOS, "eos_token_id": eos, "pad_token_id": HARMONY_PAD})
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path

@@ -3,10 +3,8 @@ discovery, ZMQ event plane, KV router), driven with the openai SDK."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
-import subprocess
+import base64
+from pathlib import Path
 
 import pytest
 
@@ -15,28 +13,27 @@ from tests.engines.vllm.conftest import SKIP_REASON
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 import openai
+import torch
 from tokenizers import Tokenizer
 
-from tests.e2e.fleet import Fleet, live_instances, wait_until
-from tests.engines.vllm.helpers import offline_greedy
+from tests.e2e.fleet import live_instances, wait_until
+from tests.engines.vllm.helpers import offline_greedy_many
+from tests.engines.vllm.models import HIDDEN
 
 pytestmark = pytest.mark.integration
 
 VLLM_FLAGS = ("--enforce-eager", "--max-model-len", "1024", "--dtype", "float32")
 
 
-@pytest.fixture
-def fleet(tmp_path):
-    f = Fleet(tmp_path)
-    yield f
-    # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
-    # vLLM's EngineCore and resource-tracker processes).
-    for proc in f.procs:
-        proc.signal(signal.SIGTERM)
-    for proc in f.procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(60)
-    f.close()
+def random_embeds(path: Path, rows: int, hidden: int) -> Path:
+    """A float32 [rows, hidden] tensor saved with torch.save (fixed seed)."""
+    generator = torch.Generator().manual_seed(rows * 1000 + hidden)
+    torch.save(torch.randn(rows, hidden, generator=generator), path)
+    return path
+
+
+def b64_of(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
 
 
 def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path):
@@ -45,6 +42,7 @@ def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path
     worker_args = [
         "worker", "--engine", "vllm", "--model", str(llama_dir), "--served-model-name", "tiny",
         "--discovery", discovery, "--event-plane", "zmq", "--discovery-ttl", "5", *VLLM_FLAGS,
+        "--enable-prompt-embeds",
     ]  # fmt: skip
     workers = [fleet.start("worker", *worker_args) for _ in range(2)]
     procs = [frontend, *workers]
@@ -65,19 +63,33 @@ def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path
     assert chunks[-1].usage.completion_tokens == 8
     assert any(c.choices and c.choices[0].delta.content for c in chunks)
 
-    # Completions, greedy: the same text vLLM's own offline LLM.generate produces.
+    # Completions, greedy: the same text vLLM's own offline LLM.generate produces, from
+    # token ids and from prompt embeddings (vLLM's base64 `torch.save` format).
     tokenizer = Tokenizer.from_file(str(llama_dir / "tokenizer.json"))
     prompt = "def hello(name):\n    return"
     completion = client.completions.create(
         model="tiny", prompt=prompt, max_tokens=8, temperature=0, logprobs=2,
         extra_body={"ignore_eos": True},
     )  # fmt: skip
-    expected_ids = asyncio.run(
-        asyncio.to_thread(offline_greedy, llama_dir, tokenizer.encode(prompt).ids, 8, tmp_path)
+    embeds = random_embeds(tmp_path / "embeds.pt", rows=7, hidden=HIDDEN)
+    from_embeds = client.completions.create(
+        model="tiny", prompt="", max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True, "prompt_embeds": b64_of(embeds)},
+    )  # fmt: skip
+    expected_ids, expected_from_embeds = offline_greedy_many(
+        llama_dir, [tokenizer.encode(prompt).ids, embeds], 8, tmp_path
     )
     assert completion.choices[0].text == tokenizer.decode(expected_ids)
     assert len(completion.choices[0].logprobs.tokens) == 8
     assert all(len(top) == 2 for top in completion.choices[0].logprobs.top_logprobs)
+    assert len(from_embeds.choices) == 1
+    assert from_embeds.choices[0].text == tokenizer.decode(expected_from_embeds)
+    assert from_embeds.usage.prompt_tokens == 7 and from_embeds.usage.completion_tokens == 8
+    with pytest.raises(openai.BadRequestError, match=f"hidden size {HIDDEN}"):
+        client.completions.create(
+            model="tiny", prompt="", max_tokens=2,
+            extra_body={"prompt_embeds": b64_of(random_embeds(tmp_path / "w.pt", 3, HIDDEN + 1))},
+        )  # fmt: skip
 
     # KV events reach the router: it sends a repeated long prefix to the worker that holds
     # it, so every repeat reports cached prompt tokens (vLLM's CPU block size is 128).

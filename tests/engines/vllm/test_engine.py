@@ -30,6 +30,7 @@ from tests.engines.vllm.helpers import (
     offline_greedy,
     tokens,
 )
+from tests.engines.vllm.models import HIDDEN
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -84,6 +85,12 @@ async def test_card_has_vllm_real_sizes(engine):
     assert card.max_num_seqs == cfg.scheduler_config.max_num_seqs
     assert card.max_num_batched_tokens == cfg.scheduler_config.max_num_batched_tokens
     assert 5 in card.eos_token_ids  # <|im_end|> of the test tokenizer
+    # --enable-prompt-embeds: the frontend checks embeddings against this width.
+    assert card.prompt_embeds_hidden_size == HIDDEN
+    # vLLM cannot list its cached blocks: routers are told not to ask, and asking fails.
+    assert card.kv_state_available is False
+    with pytest.raises(Unsupported, match="no KV state dump"):
+        engine.kv_state()
 
 
 async def test_streams_deltas_identical_to_offline_generate(engine, llama_dir, prompt, tmp_path):

@@ -41,3 +41,64 @@ async def test_gpt_oss_greedy_matches_offline(gpt_oss_dir, tmp_path):
         await engine.shutdown()
     offline = await asyncio.to_thread(offline_greedy, gpt_oss_dir, prompt, 10, tmp_path, "bfloat16")
     assert tokens(out) == offline
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Gets the current weather.",
+        "parameters": {
+            "type": "object",
+            "properties": {"location": {"type": "string"}},
+            "required": ["location"],
+        },
+    },
+}
+
+
+def test_chat_through_stator_on_real_harmony_vocabulary(fleet, gpt_oss_harmony_dir, tmp_path):
+    """`stator frontend` + `stator worker --engine vllm` on GPT-OSS with the real
+    o200k_harmony tokenizer: chat through the openai SDK, the prompt rendered by stator's
+    Harmony renderer as long as vLLM's own chat path renders it (the ids themselves are
+    compared in test_harmony_prompt_ids.py)."""
+    import openai
+
+    from tests.e2e.fleet import live_instances, wait_until
+    from tests.engines.vllm.harmony import vllm_chat_prompt_ids
+
+    discovery = f"file:{tmp_path / 'discovery'}"
+    frontend, url = fleet.frontend(discovery, "zmq")
+    worker = fleet.start(
+        "worker", "worker", "--engine", "vllm", "--model", str(gpt_oss_harmony_dir),
+        "--served-model-name", "gpt-oss", "--reasoning-parser", "gpt_oss",
+        "--tool-call-parser", "harmony", "--discovery", discovery, "--event-plane", "zmq",
+        "--enforce-eager", "--max-model-len", "1024", "--dtype", "bfloat16",
+    )  # fmt: skip
+    wait_until(
+        lambda: live_instances(url, "gpt-oss"), 600, "the GPT-OSS worker", [frontend, worker]
+    )
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=120)
+    body = {
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "developer", "content": "Answer in riddles."},
+            {"role": "user", "content": "Weather in Oslo?"},
+        ],
+        "tools": [WEATHER],
+        "reasoning_effort": "low",
+    }
+    reply = client.chat.completions.create(
+        model="gpt-oss", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}, **body
+    )
+    assert reply.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    assert reply.usage.completion_tokens <= 12
+    assert reply.usage.prompt_tokens == len(vllm_chat_prompt_ids(body))
+
+    stream = client.chat.completions.create(
+        model="gpt-oss", max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **body,
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[-1].usage.prompt_tokens == reply.usage.prompt_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] is not None
