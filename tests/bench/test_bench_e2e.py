@@ -201,6 +201,18 @@ def test_cli_run_and_errors(server, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "TTFT" in done.stdout and (out / "summary.json").exists()
+    # With the (batched) progress bar, on uvloop: same result, its own CPU in the table.
+    shown = subprocess.run(
+        [c for c in cmd if c != "--no-progress"],
+        env=repo_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "client CPU ms/request" in shown.stdout
+    assert json.loads((out / "summary.json").read_text())["points"][0]["successful_requests"] == 4
     bad = subprocess.run(
         [*cmd, "--slo", "latency=3"],
         env=repo_env(),
