@@ -223,7 +223,7 @@ async def run_point(
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop where it is installed (the client spent 15-20% less CPU per
+    """uvloop's event loop where it is installed (the client spent about 15% less CPU per
     request on it than on asyncio's, benchmarks/README.md), else None: asyncio's."""
     try:
         import uvloop
