@@ -164,7 +164,7 @@ def test_sessions_grow_and_sweeps_make_points(server, tmp_path):
         assert key in summary["points"][0]
     cpu = summary["points"][0]["client_cpu_per_request"]
     assert cpu["unit"] == "ms" and cpu["avg"] == pytest.approx(cpu["user"] + cpu["system"])
-    assert 0 < cpu["avg"] < 1000  # the client did work, and not seconds per request
+    assert cpu["system"] >= 0 and 0 < cpu["avg"] < 1000  # some work, not seconds per request
     assert len((tmp_path / "a" / "records.jsonl").read_text().splitlines()) == 16
     write_outputs(sweep, tmp_path / "b")
     plots = compare(
