@@ -1,18 +1,21 @@
-"""Client cost of `stator bench`: CPU time per request of its own process, 512-in/64-out
-streaming chat against a fast server (`stator run --engine mocker --speedup-ratio 100`).
+"""Client cost of `stator bench`: CPU time of its own process per request, 512-in/64-out
+streaming chat against a fast server (`stator run --engine mocker --speedup-ratio 100`,
+in its own process).
 
-`stator bench run` is run twice as a child process, with N and 2N measured requests; the
-difference of its CPU time (user + system, from wait4's rusage) divided by N is the cost of
-one request, with start-up (imports, tokenizer, prompt building) cancelled out.
+Each run is a fresh `stator bench run` child process; the figure is its summary's
+`client_cpu_per_request`: user + system CPU time of the client's process over the
+measured load only (start-up, tokenizer loading and prompt building are outside it),
+divided by the requests. With `--pin`, the server runs on CPU 0 and the client on CPU 1,
+so that neither takes the other's core. Prints every run, then the min and median.
 
-    python benchmarks/bench_client_cost.py --requests 400 --concurrency 8 64
+    flock /work/bench.lock python benchmarks/bench_client_cost.py --requests 1000 --concurrency 8 64 --repeats 3 --pin
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,57 +45,68 @@ def wait_ready(url: str, server: subprocess.Popen, timeout: float = 120) -> None
     raise TimeoutError("the server did not become ready")
 
 
-def bench_cpu(url: str, model_dir: Path, requests: int, concurrency: int, seed: int) -> dict:
-    """Run `stator bench run` once; its CPU seconds and its summary."""
+def pinned(cmd: list[str], cpus: str | None) -> list[str]:
+    """`cmd` run on the given CPUs (taskset; children inherit it), or as it is."""
+    return ["taskset", "-c", cpus, *cmd] if cpus else cmd
+
+
+def bench_once(args, url: str, model_dir: Path, concurrency: int, seed: int) -> dict:
+    """One `stator bench run`; the summary of its single load point."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "stator", "--log-level", "WARNING", "bench", "run",
-               "--url", url, "--tokenizer", str(model_dir), "--isl", "512", "--osl", "64",
-               "--concurrency", str(concurrency), "--num-requests", str(requests),
-               "--seed", str(seed), "--no-progress", "--no-plots", "--out", out]  # fmt: skip
-        proc = subprocess.Popen(cmd, env=repo_env(), cwd=REPO, stdout=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"stator bench failed: {' '.join(cmd)}")
-        summary = json.loads((Path(out) / "summary.json").read_text())
-    return {
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "sys_s": usage.ru_stime,
-        "summary": summary["points"][0],
-    }
+               "--url", url, "--model", "tiny", "--tokenizer", str(model_dir), "--isl", "512",
+               "--osl", "64", "--concurrency", str(concurrency),
+               "--num-requests", str(args.requests), "--warmup", str(concurrency),
+               "--seed", str(seed), "--no-plots", "--out", out]  # fmt: skip
+        if not args.progress:
+            cmd.append("--no-progress")
+        subprocess.run(
+            pinned(cmd, args.client_cpus), env=repo_env(), cwd=REPO, check=True,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        return json.loads((Path(out) / "summary.json").read_text())["points"][0]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=400, help="N (the second run sends 2N)")
+    parser.add_argument("--requests", type=int, default=1000, help="measured requests per run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per concurrency")
     parser.add_argument("--speedup-ratio", type=float, default=100.0)
+    parser.add_argument("--pin", action="store_true", help="server on CPU 0, client on CPU 1")
+    parser.add_argument("--progress", action="store_true", help="with the live progress bar")
     args = parser.parse_args()
+    server_cpus, args.client_cpus = ("0", "1") if args.pin else (None, None)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp) / "tiny", max_position_embeddings=4096)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
-            [sys.executable, "-m", "stator", "--log-level", "WARNING", "run", "--engine",
-             "mocker", "--model", str(model_dir), "--served-model-name", "tiny",
-             "--host", "127.0.0.1", "--port", str(port),
-             "--speedup-ratio", str(args.speedup_ratio)],
+            pinned([sys.executable, "-m", "stator", "--log-level", "WARNING", "run", "--engine",
+                    "mocker", "--model", str(model_dir), "--served-model-name", "tiny",
+                    "--host", "127.0.0.1", "--port", str(port),
+                    "--speedup-ratio", str(args.speedup_ratio)], server_cpus),
             env=repo_env(), cwd=REPO,
         )  # fmt: skip
         try:
             wait_ready(url, server)
-            print("| concurrency | bench CPU ms/request (of which kernel) | run N: CPU s, req/s | run 2N: CPU s, "
-                  "req/s | TTFT p50 ms (2N) |")  # fmt: skip
-            print("|---|---|---|---|---|")
+            print(
+                "| c | run | client CPU ms/request (user + system) | req/s | TTFT p50 ms | errors |"
+            )
+            print("|---|---|---|---|---|---|")
             for c in args.concurrency:
-                small = bench_cpu(url, model_dir, args.requests, c, seed=c)
-                large = bench_cpu(url, model_dir, 2 * args.requests, c, seed=1000 + c)
-                per_request = (large["cpu_s"] - small["cpu_s"]) / args.requests
-                kernel = (large["sys_s"] - small["sys_s"]) / args.requests
-                s, big = small["summary"], large["summary"]
-                print(f"| {c} | {1000 * per_request:.3f} ({1000 * kernel:.3f}) | {small['cpu_s']:.2f}, "
-                      f"{s['request_throughput']['avg']:.1f} | {large['cpu_s']:.2f}, "
-                      f"{big['request_throughput']['avg']:.1f} | {big['time_to_first_token']['p50']:.2f} |")  # fmt: skip
+                costs = []
+                for k in range(args.repeats):
+                    point = bench_once(args, url, model_dir, c, seed=100 * c + k)
+                    cpu = point["client_cpu_per_request"]
+                    costs.append(cpu["avg"])
+                    print(f"| {c} | {k + 1} | {cpu['avg']:.3f} ({cpu['user']:.3f} + "
+                          f"{cpu['system']:.3f}) | {point['request_throughput']['avg']:.1f} | "
+                          f"{point['time_to_first_token']['p50']:.2f} | "
+                          f"{point['failed_requests']} |", flush=True)  # fmt: skip
+                print(f"| {c} | min / median | {min(costs):.3f} / "
+                      f"{statistics.median(costs):.3f} | | | |", flush=True)  # fmt: skip
         finally:
             server.terminate()
             server.wait(30)

@@ -7,9 +7,15 @@ same tokenizer, output lengths forced (ignore_eos, min_tokens) and token counts 
 server's usage. aiperf runs from its own venv (`--aiperf`), with HF_HUB_OFFLINE unset (its
 0.13.0 bug with local tokenizer dirs, see dynamo-live.md section 5). The last two columns
 are the server's own view of each run window: mean TTFT and ITL from the frontend's
-/metrics histograms (sum/count deltas; the run's warm-up requests included).
+/metrics histograms (sum/count deltas; the run's warm-up requests included); the last row
+is aiperf's median over its runs divided by stator's.
 
-    python benchmarks/bench_vs_aiperf.py --aiperf /work/aiperf-venv/bin/aiperf
+To be fair on a small machine, the server and the clients run on disjoint CPUs (taskset:
+the server on `--server-cpus`, either client and all of aiperf's processes on
+`--client-cpus`), and aiperf is held to one worker and one record processor
+(`--aiperf-workers`), so that neither client slows the server it measures.
+
+    flock /work/bench.lock python benchmarks/bench_vs_aiperf.py --aiperf /work/aiperf-venv/bin/aiperf
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 
-from bench_client_cost import wait_ready
+from bench_client_cost import pinned, wait_ready
 
 from tests.model_factory import make_model_dir
 from tests.procs import REPO, free_port, repo_env
@@ -35,6 +42,7 @@ FIELDS = (
     ("time_to_first_token", "avg", "TTFT avg ms"),
     ("inter_token_latency", "p50", "ITL p50 ms"),
     ("inter_token_latency", "avg", "ITL avg ms"),
+    ("request_latency", "avg", "E2E avg ms"),
     ("input_sequence_length", "avg", "ISL (server)"),
     ("output_sequence_length", "avg", "OSL (server)"),
 )
@@ -72,9 +80,13 @@ def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     cmd = [sys.executable, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
            "--tokenizer", str(model_dir), "--isl", str(args.isl), "--osl", str(args.osl),
-           "--concurrency", str(args.concurrency), "--num-requests", str(args.requests),
-           "--warmup", str(args.warmup), "--seed", str(seed), "--no-progress", "--no-plots",
-           "--out", str(out)]  # fmt: skip
+           "--num-requests", str(args.requests), "--warmup", str(args.warmup),
+           "--seed", str(seed), "--no-progress", "--no-plots", "--out", str(out)]  # fmt: skip
+    if args.request_rate:
+        cmd += ["--request-rate", str(args.request_rate), "--arrival", "constant"]
+    else:
+        cmd += ["--concurrency", str(args.concurrency)]
+    cmd = pinned(cmd, args.client_cpus)
     print("$", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, env=repo_env(), cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     point = json.loads((out / "summary.json").read_text())["points"][0]
@@ -88,12 +100,19 @@ def run_aiperf(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
            "--url", url, "--endpoint-type", "chat", "--streaming",
            "--synthetic-input-tokens-mean", str(args.isl), "--synthetic-input-tokens-stddev", "0",
            "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", "0",
-           "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
+           "--request-count", str(args.requests),
            "--warmup-request-count", str(args.warmup), "--random-seed", str(seed),
            "--num-dataset-entries", str(args.requests + args.warmup),
            "--cache-bust", "warmup-isolation-first-turn", "--use-server-token-count",
            "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{args.osl}",
            "--ui", "none", "--no-gpu-telemetry", "--artifact-dir", str(out)]  # fmt: skip
+    if args.request_rate:
+        cmd += ["--request-rate", str(args.request_rate), "--arrival-pattern", "constant"]
+    else:
+        cmd += ["--concurrency", str(args.concurrency)]
+    if args.aiperf_workers:
+        cmd += ["--workers-max", str(args.aiperf_workers), "--record-processors", "1"]
+    cmd = pinned(cmd, args.client_cpus)
     print("$", " ".join(cmd), file=sys.stderr)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "PYTHONPATH")}
     env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(out / "mmap")
@@ -111,11 +130,17 @@ def main() -> None:
     parser.add_argument("--aiperf", default="/work/aiperf-venv/bin/aiperf")
     parser.add_argument("--order", default="stator,aiperf,stator,aiperf")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--request-rate", type=float, default=None, help="open loop at this constant rate instead"
+    )
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=16)
     parser.add_argument("--isl", type=int, default=512)
     parser.add_argument("--osl", type=int, default=64)
     parser.add_argument("--speedup-ratio", type=float, default=1.0)
+    parser.add_argument("--server-cpus", default="0", help="taskset CPU list ('' = no pin)")
+    parser.add_argument("--client-cpus", default="1", help="taskset CPU list for both clients")
+    parser.add_argument("--aiperf-workers", type=int, default=1, help="0 = aiperf's default")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-vs-aiperf-"))
@@ -126,6 +151,7 @@ def main() -> None:
                   "mocker", "--model", str(model_dir), "--served-model-name", "tiny",
                   "--host", "127.0.0.1", "--port", str(port),
                   "--speedup-ratio", str(args.speedup_ratio)]  # fmt: skip
+    server_cmd = pinned(server_cmd, args.server_cpus)
     print("$", " ".join(server_cmd), file=sys.stderr)
     server = subprocess.Popen(server_cmd, env=repo_env(), cwd=REPO)
     rows = []
@@ -137,17 +163,35 @@ def main() -> None:
             run = run_stator if client == "stator" else run_aiperf
             before = scrape(url)
             row = run(args, url, model_dir, out, seed=100 + k)
+            # Little's law: the requests the client really kept in flight on average
+            row["in flight"] = row["request_throughput.avg"] * row["request_latency.avg"] / 1e3
             row.update(server_side(before, scrape(url)))
             rows.append((f"{client} #{k + 1}", row))
     finally:
         server.terminate()
         server.wait(30)
     print(f"(artifacts in {work})", file=sys.stderr)
-    labels = [label for *_, label in FIELDS] + ["errors", *SERVER_SIDE]
+    labels = [label for *_, label in FIELDS] + ["errors", "in flight (avg)", *SERVER_SIDE]
     print("| client (run order) | " + " | ".join(labels) + " |")
     print("|---" * (len(labels) + 1) + "|")
     for name, row in rows:
         print(f"| {name} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |")
+    print(ratio_row(rows, labels))
+
+
+def ratio_row(rows: list[tuple[str, dict]], labels: list[str]) -> str:
+    """aiperf's median over its runs divided by stator's, per column."""
+    by_client: dict[str, list[dict]] = {}
+    for name, row in rows:
+        by_client.setdefault(name.split(" ")[0], []).append(row)
+    if set(by_client) != {"stator", "aiperf"}:
+        return ""
+    cells = []
+    for key in rows[0][1]:
+        a = statistics.median(r[key] for r in by_client["aiperf"])
+        b = statistics.median(r[key] for r in by_client["stator"])
+        cells.append(f"{a / b:.3f}" if b else "-")
+    return "| aiperf / stator (medians) | " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":

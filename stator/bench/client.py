@@ -158,33 +158,46 @@ class _SSEReader:
         record = self.record
         if self.done or record.error is not None:
             return
+        if self.tail:
+            data = self.tail + data
+            self.tail = b""
         # Everything that arrived together shares the time its first bytes came in: when
         # the client could first have seen those tokens.
         now = arrived - self.t0
-        lines = (self.tail + data).split(b"\n") if self.tail else data.split(b"\n")
+        if data[:6] == b"data: " and data.find(b"\n") == len(data) - 2 and data[-1:] == b"\n":
+            self._event(data[6:-2], now)  # one whole event, the usual read: no split
+            return
+        lines = data.split(b"\n")
         self.tail = lines.pop()  # an incomplete last line waits for the next read
         for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                record.latency = now
-                self.done = True
+            if line[:5] == b"data:" and not self._event(line[5:].strip(), now):
                 return
-            try:
-                chunk = _decode_chunk(payload)
-            except msgspec.DecodeError as exc:
-                record.error = f"undecodable event: {exc}"
-                return
-            if chunk.error is not None:
-                record.error = str(chunk.error)[:500]
-                return
-            if chunk.choices and any(_has_output(c) for c in chunk.choices):
+            # (blank separators, comments and other SSE fields are skipped)
+
+    def _event(self, payload: bytes, now: float) -> bool:
+        """Take one event's data; False once the stream is over for this reader."""
+        record = self.record
+        if payload == b"[DONE]":
+            record.latency = now
+            self.done = True
+            return False
+        try:
+            chunk = _decode_chunk(payload)
+        except msgspec.DecodeError as exc:
+            record.error = f"undecodable event: {exc}"
+            return False
+        if chunk.error is not None:
+            record.error = str(chunk.error)[:500]
+            return False
+        for choice in chunk.choices:
+            if _has_output(choice):
                 record.chunk_times.append(now)
                 if self.pieces is not None:
                     self.pieces.append(_choice_text(chunk.choices[0]))
-            if chunk.usage is not None:
-                _apply_usage(record, chunk.usage)
+                break
+        if chunk.usage is not None:
+            _apply_usage(record, chunk.usage)
+        return True
 
     def finish(self) -> None:
         record = self.record

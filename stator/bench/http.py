@@ -16,6 +16,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
+_CRLF = -1  # chunked-body parser states (see `_Response._feed_body`)
+_TRAILER = -2
+
 
 class HttpError(Exception):
     """The connection failed or the response was malformed."""
@@ -52,6 +55,20 @@ class _Response(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
+        sink = self._sink
+        if sink is not None and self._remaining == 0 and not self._raw and self._chunked:
+            # The common case of a stream: the read is exactly one whole chunk (a server
+            # writes each event as one). Anything else takes the general path below.
+            end = data.find(b"\r\n")
+            if 0 < end <= 8:
+                start = end + 2
+                try:
+                    size = int(data[:end], 16)
+                except ValueError:
+                    size = 0  # let the general path report it
+                if size and len(data) == start + size + 2 and data[-2:] == b"\r\n":
+                    sink(now, data[start:-2])
+                    return
         try:
             if not self._head_done.done():
                 self._head += data
@@ -71,7 +88,10 @@ class _Response(asyncio.Protocol):
                 self._head_done.set_exception(self._error)
             if self.transport is not None:
                 self.transport.close()
-        self._signal()
+        # With a sink the consumer only waits for the end: waking its task on every read
+        # would cost a task step (through every awaiting frame) per network read.
+        if self._sink is None or self.finished or self._error is not None:
+            self._signal()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -107,32 +127,39 @@ class _Response(asyncio.Protocol):
             self.finished = self._remaining <= 0
             return
         raw = self._raw + data if self._raw else data
-        pos = 0
-        while True:
-            if self._remaining > 0:  # inside a chunk's data
-                take = raw[pos : pos + self._remaining]
-                self._body.append(take)
-                self._remaining -= len(take)
+        body, size, pos, n = self._body, self._remaining, 0, len(raw)
+        # `size`: > 0 chunk bytes still to come; 0 a size line next; _CRLF the line end
+        # after a chunk's data; _TRAILER the lines after the last chunk, to an empty one
+        while pos < n:
+            if size > 0:
+                take = raw[pos : pos + size] if pos or n > size else raw
+                body.append(take)
+                size -= len(take)
                 pos += len(take)
-                if self._remaining > 0:
+                if size:
                     break
-                self._remaining = -2  # the CRLF after the chunk data
-            if self._remaining == -2:
-                if len(raw) - pos < 2:
+                size = _CRLF
+            if size == _CRLF:
+                if n - pos < 2:
                     break
                 pos += 2
-                self._remaining = 0
+                size = 0
             end = raw.find(b"\r\n", pos)
             if end < 0:
                 break
-            size = int(raw[pos:end].split(b";", 1)[0], 16)
+            if size == _TRAILER:
+                self.finished = end == pos  # the empty line that ends the response
+                pos = end + 2
+                if self.finished:
+                    break
+                continue
+            size = int(raw[pos:end].split(b";", 1)[0], 16)  # drops chunk extensions
             pos = end + 2
             if size == 0:
-                self.finished = True  # trailers are not used by the servers we measure
-                break
-            self._remaining = size
-        self._raw = raw[pos:]
-        if not self._body and self._arrived == now:
+                size = _TRAILER
+        self._remaining = size
+        self._raw = raw[pos:] if pos < n else b""
+        if not body and self._arrived == now:
             self._arrived = None
 
     def _signal(self) -> None:
@@ -227,7 +254,8 @@ class HttpClient:
         ).encode("latin-1")
         assert conn.transport is not None
         conn.transport.write(head + body)
-        await asyncio.wait_for(conn.head(), self.timeout)
+        async with asyncio.timeout(self.timeout):  # (no task per request, unlike wait_for)
+            await conn.head()
         return conn
 
     def release(self, conn: _Response) -> None:

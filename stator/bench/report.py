@@ -29,6 +29,7 @@ SCALARS = [
     ("total_token_throughput", "total tok/s"),
     ("cached_token_ratio", "cached token ratio"),
     ("goodput", "goodput (req/s)"),
+    ("client_cpu_per_request", "client CPU ms/request"),
 ]
 
 

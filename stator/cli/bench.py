@@ -37,8 +37,9 @@ def _run(args: argparse.Namespace) -> int:
     from stator.bench.config import BenchConfig
     from stator.bench.metrics import parse_slos
     from stator.bench.plots import draw_run
+    from stator.bench.progress import Batched
     from stator.bench.report import print_result, write_outputs
-    from stator.bench.runner import _points, requests_per_point, run_benchmark
+    from stator.bench.runner import _points, loop_factory, requests_per_point, run_benchmark
 
     cfg = from_args(BenchConfig, args)
     console = Console(stderr=True)
@@ -59,11 +60,14 @@ def _run(args: argparse.Namespace) -> int:
         transient=True,
     ) as progress:
         task = progress.add_task("requests", total=total)
+        advance = Batched(lambda n: progress.advance(task, n))
         try:
-            result = asyncio.run(run_benchmark(cfg, lambda n: progress.advance(task, n)))
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                result = runner.run(run_benchmark(cfg, advance))
         except (RuntimeError, ValueError, OSError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             return 1
+        advance.flush()
     print_result(result)
     if cfg.out:
         files = write_outputs(result, cfg.out)

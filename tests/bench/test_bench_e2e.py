@@ -159,8 +159,12 @@ def test_sessions_grow_and_sweeps_make_points(server, tmp_path):
         "output_token_throughput",
         "request_throughput",
         "goodput",
+        "client_cpu_per_request",
     ):
         assert key in summary["points"][0]
+    cpu = summary["points"][0]["client_cpu_per_request"]
+    assert cpu["unit"] == "ms" and cpu["avg"] == pytest.approx(cpu["user"] + cpu["system"])
+    assert cpu["system"] >= 0 and 0 < cpu["avg"] < 1000  # some work, not seconds per request
     assert len((tmp_path / "a" / "records.jsonl").read_text().splitlines()) == 16
     write_outputs(sweep, tmp_path / "b")
     plots = compare(
@@ -197,6 +201,18 @@ def test_cli_run_and_errors(server, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "TTFT" in done.stdout and (out / "summary.json").exists()
+    # With the (batched) progress bar, on uvloop: same result, its own CPU in the table.
+    shown = subprocess.run(
+        [c for c in cmd if c != "--no-progress"],
+        env=repo_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "client CPU ms/request" in shown.stdout
+    assert json.loads((out / "summary.json").read_text())["points"][0]["successful_requests"] == 4
     bad = subprocess.run(
         [*cmd, "--slo", "latency=3"],
         env=repo_env(),

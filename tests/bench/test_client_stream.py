@@ -6,7 +6,7 @@ import json
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from stator.bench.client import RequestRecord, send
+from stator.bench.client import RequestRecord, _SSEReader, send
 from stator.bench.http import HttpClient
 
 
@@ -71,3 +71,39 @@ async def test_error_event_stops_the_read():
     body = b'data: {"error": {"message": "boom"}}\n\ndata: [DONE]\n\n'
     record = await read_with_cuts(body, [3])
     assert record.error is not None and "boom" in record.error
+
+
+async def test_one_event_per_read_and_odd_spacing():
+    """Reads that are exactly one event take a shortcut; it must agree with the general
+    path, including the role-only first event (no output) and the usage event."""
+    body = sse_events(["a", "", "b", "c"], USAGE)
+    edges = [i + 2 for i in range(len(body)) if body[i : i + 2] == b"\n\n"][:-1]
+    record = await read_with_cuts(body, edges)
+    assert record.ok and len(record.chunk_times) == 3 and record.output_tokens == 3
+    spaced = body.replace(b"data: ", b"data:  ").replace(b'":', b'": ')
+    record = await read_with_cuts(spaced, [i + 1 for i in edges])
+    assert record.ok and len(record.chunk_times) == 3 and record.cached_tokens == 2
+    crlf = sse_events(["a", "b"], USAGE, newline=b"\r\n")
+    record = await read_with_cuts(
+        crlf, [i + 4 for i in range(len(crlf)) if crlf[i : i + 4] == b"\r\n\r\n"]
+    )
+    assert record.ok and len(record.chunk_times) == 2
+
+
+async def test_garbage_event_in_its_own_read_is_an_error():
+    body = sse_events(["a"], USAGE)
+    bad = body.replace(b"data: [DONE]", b"data: {not json}\n\ndata: [DONE]")
+    record = await read_with_cuts(bad, [bad.index(b"data: {not")])
+    assert record.error is not None and "undecodable" in record.error
+
+
+def test_reader_fed_one_whole_event_per_read():
+    body = sse_events(["a", "", "b"], USAGE)
+    record = RequestRecord(index=0, start=0.0)
+    reader = _SSEReader(record, 0.0, None)
+    for i, event in enumerate(body.split(b"\n\n")[:-1]):
+        reader.feed(float(i), event + b"\n\n")
+    reader.finish()
+    assert record.error is None and record.chunk_times == [0.0, 2.0] and record.latency == 4.0
+    assert (record.ttft, record.ttst) == (0.0, 2.0)
+    assert (record.input_tokens, record.output_tokens) == (7, 3)

@@ -89,3 +89,68 @@ async def test_against_a_server_keep_alive_and_failures():
         await refused.request("GET", "/")
     with pytest.raises(ValueError):
         HttpClient("https://example.invalid")
+
+
+async def read_with_sink(raw: bytes, cuts: list[int]) -> tuple[bytes, int]:
+    """Feed `raw` cut at `cuts`, the body handed to a sink as `send` does; the body and
+    how many times the waiting reader was woken."""
+    resp = _Response()
+    edges = [0, *sorted(set(cuts)), len(raw)]
+    reads = [raw[a:b] for a, b in itertools.pairwise(edges) if b > a]
+    while not resp._head_done.done():
+        resp.data_received(reads.pop(0))
+    got: list[bytes] = []
+    resp.deliver_to(lambda arrived, data: got.append(data))
+    waiter = asyncio.ensure_future(resp.wait())
+    await asyncio.sleep(0)
+    wakes = 0
+    original = resp._signal
+
+    def counting_signal() -> None:
+        nonlocal wakes
+        wakes += 1
+        original()
+
+    resp._signal = counting_signal
+    for data in reads:
+        assert not waiter.done()
+        resp.data_received(data)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(waiter, 5)
+    return b"".join(got), wakes if reads else 1  # (no read left: it ended with the head)
+
+
+async def test_sink_gets_every_byte_and_the_reader_wakes_once():
+    parts = [b'data: {"n": %d}\n\n' % i for i in range(12)] + [b"x" * 40]
+    raw = HEAD + chunked(parts)
+    starts = [raw.find(b"%x\r\n" % len(p), len(HEAD)) for p in parts]
+    boundaries = sorted({raw.index(p) + len(p) + 2 for p in parts})  # after each chunk's CRLF
+    rng = random.Random(7)
+    cut_sets = [boundaries, [len(HEAD), *boundaries], [len(HEAD) + 3, *boundaries[4:]]]
+    cut_sets += [sorted(rng.sample(range(1, len(raw)), rng.randint(1, 30))) for _ in range(100)]
+    for cuts in cut_sets:
+        body, wakes = await read_with_sink(raw, cuts)
+        assert body == b"".join(parts), cuts
+        assert wakes == 1, cuts  # at the end only, not once per read
+    assert starts  # the chunk framing above was found where expected
+
+
+async def test_sink_reports_a_bad_chunk_size():
+    resp = _Response()
+    resp.data_received(HEAD)
+    resp.deliver_to(lambda arrived, data: None)
+    resp.data_received(b"zz\r\ndata: x\r\n")
+    with pytest.raises(HttpError, match="malformed"):
+        await asyncio.wait_for(resp.wait(), 5)
+
+
+async def test_response_ends_only_after_the_last_chunks_line_end_and_trailers():
+    raw = HEAD + chunked([b"abc"])
+    resp = _Response()
+    resp.data_received(raw[:-2])
+    assert not resp.finished  # the empty line after `0` is still to come
+    resp.data_received(raw[-2:])
+    assert resp.finished and resp._raw == b""
+    with_trailer = raw[:-2] + b"X-Checksum: 1\r\n\r\n"
+    resp, body = await feed(with_trailer, [len(with_trailer) - 5])
+    assert resp.finished and body == b"abc"
