@@ -79,7 +79,6 @@ def make_runner(
     if backend is not None:
         raise ValueError("an injected attention backend cannot reach the other ranks")
     device = rank_device(config, 0)
-    config = rank_config(config, device)
     group = RankGroup(config, model_dir, max_model_len, device)
     try:
         runner = ShardedModelRunner(shard_spec(spec, 0, size), config, model_dir, max_model_len)
@@ -89,17 +88,6 @@ def make_runner(
         raise
     runner.group = group
     return runner
-
-
-def rank_config(config: NativeConfig, device: torch.device) -> NativeConfig:
-    """The config every rank runs. On CUDA, decode steps run eagerly: the one two-GPU run
-    with ProcessGroupNCCL collectives captured in decode CUDA graphs hung after start-up
-    (benchmarks/native_gpu_notes.md), so no graph holds a collective until a graph-safe
-    all-reduce replaces them."""
-    if device.type == "cuda" and not config.enforce_eager:
-        log.info("tensor parallelism: decode steps run without CUDA graphs")
-        return dataclasses.replace(config, enforce_eager=True)
-    return config
 
 
 def rank_device(config: NativeConfig, rank: int) -> torch.device:
