@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for tensor parallelism on 2 GPUs (issue 8): the all-reduce alone, the TP
-# benchmark (decode CUDA graphs holding the NCCL all-reduces, TP=2 then TP=1), the TP GPU
+# benchmark at TP=2 (decode CUDA graphs holding the NCCL all-reduces), the TP GPU
 # tests, then TP=1 eager for the eager-launch cost. Each part has its own time limit
 # (`timeout -s USR1`: every rank prints its stacks, then is killed), so a hang costs only
 # its part. Outputs go to $OUT (or ./out).
@@ -17,18 +17,18 @@ run() {  # run LIMIT_S NAME CMD...: stdout+stderr to $OUT/NAME.txt, its status p
   echo "== $name rc=$rc t=${SECONDS}s"
   return $rc
 }
-run 60 allreduce python3 benchmarks/native_gpu_allreduce.py --rows 1 32
+run 45 allreduce python3 benchmarks/native_gpu_allreduce.py --rows 1 32
 grep -E "rows=|device" "$OUT/allreduce.txt"
-run 110 tp_bench python3 benchmarks/native_gpu_tp.py --sizes 2 1 --json "$OUT/tp.json"
+run 90 tp_bench python3 benchmarks/native_gpu_tp.py --sizes 2 --json "$OUT/tp.json"
 bench=$?
 tail -5 "$OUT/tp_bench.txt"
 if [ $bench -eq 0 ]; then
-  run 90 tp_tests python3 -m pytest -q -x -m gpu tests/engines/native/test_tp.py
+  run 75 tp_tests python3 -m pytest -q -x -m gpu tests/engines/native/test_tp.py
 else
   run 60 tp_tests python3 -m pytest -q -m gpu -k eager tests/engines/native/test_tp.py
 fi
 tail -15 "$OUT/tp_tests.txt"
-if [ $SECONDS -lt 150 ]; then
+if [ $SECONDS -lt 125 ]; then
   run 40 tp1_eager python3 benchmarks/native_gpu_tp.py --sizes 1 --eager --batch-sizes 1
   tail -3 "$OUT/tp1_eager.txt"
 fi
