@@ -52,7 +52,14 @@ def captured(step):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return graph.replay
+
+    def replay() -> None:
+        # Holds `step`, and with it the buffers the graph reads: freed, the replay would
+        # read freed memory (the first run of this script died of exactly that).
+        graph.replay()
+
+    replay.step = step  # type: ignore[attr-defined]
+    return replay
 
 
 def make(name: str, x: torch.Tensor, calls: int, group_name: str):

@@ -16,6 +16,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from stator.engines.native.graph_collectives import GraphCollectives
+
 log = logging.getLogger(__name__)
 
 # NVLink multicast (NVLS) stays off: on shared multi-GPU hosts a program using it can put
@@ -31,6 +33,7 @@ MULTICAST_OFF = {
 TIMEOUT = datetime.timedelta(minutes=10)
 
 _host_group: dist.ProcessGroup | None = None
+_graph: GraphCollectives | None = None
 
 
 def create_store(size: int) -> dist.TCPStore:
@@ -74,8 +77,16 @@ def host_group() -> dist.ProcessGroup:
     return _host_group
 
 
+def enable_graph_collectives(numel: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Before capturing decode graphs (every rank, in lockstep): collectives captured in a
+    graph run on symmetric memory, operands of up to `numel` elements."""
+    global _graph
+    _graph = GraphCollectives(numel, dtype, device)
+
+
 def destroy() -> None:
-    global _host_group
+    global _host_group, _graph
+    _graph = None
     if dist.is_initialized():
         dist.destroy_process_group()
     _host_group = None
@@ -96,14 +107,32 @@ def abort() -> None:
 # -- collectives of the forward pass --------------------------------------------------------
 
 
+def _in_graph(x: torch.Tensor) -> GraphCollectives | None:
+    """The graph collectives when a CUDA graph is being captured, else None (NCCL)."""
+    if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return None
+    if _graph is None or not _graph.fits(x):
+        # A ProcessGroupNCCL collective in a decode graph hung on the device: never capture one.
+        raise RuntimeError(
+            f"no graph-safe collective for a {tuple(x.shape)} {x.dtype} operand in a CUDA graph"
+        )
+    return _graph
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks, in place (works inside a CUDA graph once NCCL is warm)."""
+    """Sum over ranks, in place."""
+    graph = _in_graph(x)
+    if graph is not None:
+        return graph.all_reduce(x)
     dist.all_reduce(x)
     return x
 
 
 def all_gather_last(x: torch.Tensor, size: int) -> torch.Tensor:
     """[T, n] on every rank -> [T, size * n], rank r's columns in block r."""
+    graph = _in_graph(x)
+    if graph is not None:
+        return graph.all_gather_last(x)
     out = torch.empty((size * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, x.contiguous())

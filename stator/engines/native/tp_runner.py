@@ -45,6 +45,13 @@ class ShardedModelRunner(ModelRunner):
 
     group: RankGroup | None = None
 
+    def _prepare_graphs(self, max_batch: int) -> None:
+        # The largest operand of a decode graph: the hidden rows, or the gathered logits.
+        spec = self.spec
+        per_rank = spec.tp.vocab_block(spec.vocab_size)[1]
+        numel = max_batch * max(spec.hidden_size, spec.tp.size * per_rank)
+        parallel.enable_graph_collectives(numel, self.dtype, self.device)
+
     def _size_kv_cache(self, max_model_len: int, activation_peak: int) -> int:
         return parallel.min_over_ranks(super()._size_kv_cache(max_model_len, activation_peak))
 
