@@ -2,9 +2,11 @@
 
 One engine per process joins one group: rank 0 (the worker process, which schedules and
 samples) creates the rendezvous store and ranks 1..N-1 (its subprocesses) connect to it.
-The model's collectives run on the default group: NCCL on CUDA, gloo on the CPU. Step
-metadata goes over a second, gloo group on the host (`host_group`), so receiving a step
-never waits on the GPU.
+The model's collectives run on the default group: NCCL on CUDA, gloo on the CPU, except
+inside a CUDA graph being captured, where they run on symmetric memory
+(`graph_collectives.py`; ProcessGroupNCCL collectives captured in decode graphs hung on the
+device). Step metadata goes over a second, gloo group on the host (`host_group`), so
+receiving a step never waits on the GPU.
 """
 
 from __future__ import annotations

@@ -85,6 +85,22 @@ def test_tp2_matches_tp1(checkpoints, name):
     _assert_same(expected, _run_tp(model_dir, 2, **config))
 
 
+def test_tp2_steps_larger_than_one_message_match_tp1(checkpoints):
+    """A 400-token prompt in one step: its payload (3 x 400 int64s and more) exceeds the
+    header's message (`step_channel.INLINE`) and goes in a second broadcast."""
+    from stator.engines.native.step_channel import INLINE
+
+    model_dir, _ = checkpoints("llama3")
+    assert INLINE < 3 * 400
+    reqs = [greedy_request("long", prompt(7, 400), 4, logprobs=5), *_requests()[:1]]
+    expected = run_all(core_for(model_dir, **CPU), reqs)
+    core = core_for(model_dir, tensor_parallel_size=2, **CPU)
+    try:
+        _assert_same(expected, run_all(core, reqs))
+    finally:
+        core.close()
+
+
 def test_tp4_with_replicated_kv_heads_matches_tp1(checkpoints):
     """4 ranks, 2 KV heads: each KV head is held by two ranks."""
     model_dir, _ = checkpoints("llama3")
