@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One device call for tensor parallelism on 2 GPUs (issue 8): the all-reduce alone, the TP
-# benchmark at TP=2 (decode CUDA graphs holding the NCCL all-reduces), the TP GPU
-# tests, then TP=1 eager for the eager-launch cost. Each part has its own time limit
-# (`timeout -s USR1`: every rank prints its stacks, then is killed), so a hang costs only
-# its part. Outputs go to $OUT (or ./out).
+# One device call for tensor parallelism on 2 GPUs (issue 8): the all-reduce alone
+# (eager NCCL, NCCL in a graph, symmetric memory in a graph), the TP benchmark at TP=2
+# (decode CUDA graphs), the TP GPU tests, then TP=1 eager for the eager-launch cost. Each
+# part has its own time limit (`timeout -s USR1`: rank 0 prints its stacks, then is
+# killed), so a hang costs only its part. Outputs go to $OUT (or ./out).
+# Ran at 22:04 UTC 2026-11-21 with the graphs holding ProcessGroupNCCL collectives
+# (benchmarks/native_gpu_notes.md); the code now captures symmetric-memory ones.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -23,7 +25,7 @@ run 90 tp_bench python3 benchmarks/native_gpu_tp.py --sizes 2 --json "$OUT/tp.js
 bench=$?
 tail -5 "$OUT/tp_bench.txt"
 if [ $bench -eq 0 ]; then
-  run 75 tp_tests python3 -m pytest -q -x -m gpu tests/engines/native/test_tp.py
+  run 150 tp_tests python3 -m pytest -q -x -m gpu tests/engines/native/test_tp.py
 else
   run 60 tp_tests python3 -m pytest -q -m gpu -k eager tests/engines/native/test_tp.py
 fi
