@@ -6,10 +6,14 @@ row (2 per layer + the embedding), the way a decode step issues them.
 
 Variants, each reported per all-reduce (µs) and per 65 (ms), or with the error it raised:
 - eager: `dist.all_reduce` (ProcessGroupNCCL) launched from Python each time;
-- nccl-graph: the 65 NCCL all-reduces captured in one CUDA graph, replayed;
 - symm-graph: torch's symmetric-memory one-shot all-reduce (CUDA IPC peer loads, no
-  NVLink multicast), the 65 captured in one CUDA graph, replayed.
-Every variant checks its sum. Each rank is a process (torch.multiprocessing).
+  NVLink multicast), the 65 captured in one CUDA graph, replayed (what the engine's
+  decode graphs use: `graph_collectives.py`);
+- nccl-graph: the 65 NCCL all-reduces captured in one CUDA graph, replayed (last: inside
+  the engine's graphs these hung). Run it under `timeout`.
+Every variant checks its sum first. Each rank is a process (torch.multiprocessing). Its one
+run so far (2026-11-21 22:04) died of a bug of this script since fixed (a graph's buffer
+freed before its replay); not re-run.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def make(name: str, x: torch.Tensor, calls: int, group_name: str):
     return nccl if name == "eager" else captured(nccl)
 
 
-def worker(rank: int, size: int, port: int, rows_list: list[int], out: dict) -> None:
+def worker(rank: int, size: int, port: int, rows_list: list[int]) -> None:
     os.environ.update(MULTICAST_OFF)
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
@@ -103,7 +107,8 @@ def worker(rank: int, size: int, port: int, rows_list: list[int], out: dict) -> 
     group_name = dist.group.WORLD.group_name
     results = {}
     for rows in rows_list:
-        for name in ("eager", "nccl-graph", "symm-graph"):
+        # NCCL in a graph last: it hung inside the engine's decode graphs.
+        for name in ("eager", "symm-graph", "nccl-graph"):
             key = f"{name} rows={rows}"
             try:
                 # The sum, checked once (ones on every rank -> size)...
@@ -120,9 +125,9 @@ def worker(rank: int, size: int, port: int, rows_list: list[int], out: dict) -> 
                 results[key] = f"{1e3 * ms / CALLS:.1f} us per all-reduce, {ms:.3f} ms per 65"
             except Exception as exc:  # reported; the next variant runs
                 results[key] = f"FAILED: {exc!r}"[:300]
+            if rank == 0:  # as it goes: a hang in the next variant keeps this line
+                print(f"{key}: {results[key]}", flush=True)
             dist.barrier()
-    if rank == 0:
-        out.update(results)
     dist.destroy_process_group()
 
 
@@ -136,11 +141,8 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.spawn(worker, args=(args.gpus, port, args.rows, out), nprocs=args.gpus, join=True)
-    print(f"device: {torch.cuda.get_device_name()} x {args.gpus}")
-    for key, value in out.items():
-        print(f"{key}: {value}")
+    print(f"device: {torch.cuda.get_device_name()} x {args.gpus}", flush=True)
+    mp.spawn(worker, args=(args.gpus, port, args.rows), nprocs=args.gpus, join=True)
 
 
 if __name__ == "__main__":
