@@ -107,10 +107,12 @@ class ModelRunner:
         # The torch backend's plan reads the step's lengths on the host: no graphs for it.
         graphable = not isinstance(self.backend, TorchAttention)
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
+            max_batch = min(config.max_graph_batch or config.max_num_seqs, 512)
+            self._prepare_graphs(max_batch)
             self.graphs = DecodeGraphs(
                 self.model,
                 self.backend,
-                max_batch=min(config.max_graph_batch or config.max_num_seqs, 512),
+                max_batch=max_batch,
                 max_blocks_per_seq=-(-max_model_len // self.block_size),
                 max_model_len=max_model_len,
                 block_size=self.block_size,
@@ -118,6 +120,10 @@ class ModelRunner:
                 device=self.device,
             )
             self.graphs.capture()
+
+    def _prepare_graphs(self, max_batch: int) -> None:
+        """What decode graphs of up to `max_batch` sequences need before their capture
+        (tensor parallelism: graph-safe collectives); nothing on one device."""
 
     def _choose_gemv(self) -> None:
         """Measure, per weight shape, whether the split-K GEMV beats cuBLAS at one row."""

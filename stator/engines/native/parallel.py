@@ -2,9 +2,11 @@
 
 One engine per process joins one group: rank 0 (the worker process, which schedules and
 samples) creates the rendezvous store and ranks 1..N-1 (its subprocesses) connect to it.
-The model's collectives run on the default group: NCCL on CUDA, gloo on the CPU. Step
-metadata goes over a second, gloo group on the host (`host_group`), so receiving a step
-never waits on the GPU.
+The model's collectives run on the default group: NCCL on CUDA, gloo on the CPU, except
+inside a CUDA graph being captured, where they run on symmetric memory
+(`graph_collectives.py`; ProcessGroupNCCL collectives captured in decode graphs hung on the
+device). Step metadata goes over a second, gloo group on the host (`host_group`), so
+receiving a step never waits on the GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 
 import torch
 import torch.distributed as dist
+
+from stator.engines.native.graph_collectives import GraphCollectives
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +35,7 @@ MULTICAST_OFF = {
 TIMEOUT = datetime.timedelta(minutes=10)
 
 _host_group: dist.ProcessGroup | None = None
+_graph: GraphCollectives | None = None
 
 
 def create_store(size: int) -> dist.TCPStore:
@@ -74,8 +79,16 @@ def host_group() -> dist.ProcessGroup:
     return _host_group
 
 
+def enable_graph_collectives(numel: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Before capturing decode graphs (every rank, in lockstep): collectives captured in a
+    graph run on symmetric memory, operands of up to `numel` elements."""
+    global _graph
+    _graph = GraphCollectives(numel, dtype, device)
+
+
 def destroy() -> None:
-    global _host_group
+    global _host_group, _graph
+    _graph = None
     if dist.is_initialized():
         dist.destroy_process_group()
     _host_group = None
@@ -96,14 +109,32 @@ def abort() -> None:
 # -- collectives of the forward pass --------------------------------------------------------
 
 
+def _in_graph(x: torch.Tensor) -> GraphCollectives | None:
+    """The graph collectives when a CUDA graph is being captured, else None (NCCL)."""
+    if x.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        return None
+    if _graph is None or not _graph.fits(x):
+        # A ProcessGroupNCCL collective in a decode graph hung on the device: never capture one.
+        raise RuntimeError(
+            f"no graph-safe collective for a {tuple(x.shape)} {x.dtype} operand in a CUDA graph"
+        )
+    return _graph
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks, in place (works inside a CUDA graph once NCCL is warm)."""
+    """Sum over ranks, in place."""
+    graph = _in_graph(x)
+    if graph is not None:
+        return graph.all_reduce(x)
     dist.all_reduce(x)
     return x
 
 
 def all_gather_last(x: torch.Tensor, size: int) -> torch.Tensor:
     """[T, n] on every rank -> [T, size * n], rank r's columns in block r."""
+    graph = _in_graph(x)
+    if graph is not None:
+        return graph.all_gather_last(x)
     out = torch.empty((size * x.shape[0], x.shape[1]), dtype=x.dtype, device=x.device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, x.contiguous())

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     )
     threading.Thread(target=_exit_when_rank0_is_gone, name="rank0-watch", daemon=True).start()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it hangs
-    config = NativeConfig(**args["config"])  # as rank 0 runs it (tp_runner.rank_config)
+    config = NativeConfig(**args["config"])  # exactly as rank 0 runs it
     if config.cpu_threads > 0:
         torch.set_num_threads(config.cpu_threads)
     device = rank_device(config, rank)

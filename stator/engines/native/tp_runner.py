@@ -45,6 +45,13 @@ class ShardedModelRunner(ModelRunner):
 
     group: RankGroup | None = None
 
+    def _prepare_graphs(self, max_batch: int) -> None:
+        # The largest operand of a decode graph: the hidden rows, or the gathered logits.
+        spec = self.spec
+        per_rank = spec.tp.vocab_block(spec.vocab_size)[1]
+        numel = max_batch * max(spec.hidden_size, spec.tp.size * per_rank)
+        parallel.enable_graph_collectives(numel, self.dtype, self.device)
+
     def _size_kv_cache(self, max_model_len: int, activation_peak: int) -> int:
         return parallel.min_over_ranks(super()._size_kv_cache(max_model_len, activation_peak))
 
@@ -79,7 +86,6 @@ def make_runner(
     if backend is not None:
         raise ValueError("an injected attention backend cannot reach the other ranks")
     device = rank_device(config, 0)
-    config = rank_config(config, device)
     group = RankGroup(config, model_dir, max_model_len, device)
     try:
         runner = ShardedModelRunner(shard_spec(spec, 0, size), config, model_dir, max_model_len)
@@ -89,17 +95,6 @@ def make_runner(
         raise
     runner.group = group
     return runner
-
-
-def rank_config(config: NativeConfig, device: torch.device) -> NativeConfig:
-    """The config every rank runs. On CUDA, decode steps run eagerly: the one two-GPU run
-    with ProcessGroupNCCL collectives captured in decode CUDA graphs hung after start-up
-    (benchmarks/native_gpu_notes.md), so no graph holds a collective until a graph-safe
-    all-reduce replaces them."""
-    if device.type == "cuda" and not config.enforce_eager:
-        log.info("tensor parallelism: decode steps run without CUDA graphs")
-        return dataclasses.replace(config, enforce_eager=True)
-    return config
 
 
 def rank_device(config: NativeConfig, rank: int) -> torch.device:

@@ -137,12 +137,3 @@ def test_a_row_parallel_layer_reads_its_columns_and_rank_0_holds_the_bias():
         torch.testing.assert_close(layer.weight, weight[:, rank * 8 : (rank + 1) * 8])
         total += torch.nn.Linear.forward(layer, x[:, rank * 8 : (rank + 1) * 8])
     torch.testing.assert_close(total, x @ weight.T + bias)
-
-
-def test_ranks_on_cuda_run_decode_steps_without_cuda_graphs():
-    from stator.engines.native.config import NativeConfig
-    from stator.engines.native.tp_runner import rank_config
-
-    config = NativeConfig(tensor_parallel_size=2)
-    assert rank_config(config, torch.device("cuda", 0)).enforce_eager
-    assert rank_config(config, torch.device("cpu")) is config
