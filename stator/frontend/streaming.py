@@ -88,7 +88,19 @@ class SSEResponse(Response):
         # Events that are ready together (a burst of outputs) go out in one write.
         batches = ready_batches(self.body_iterator)
         try:
+            # The first events (the role chunk and the primed first token) are ready
+            # now: build them before the headers go out, so that the headers and the
+            # first token leave back to back instead of one chunk-building apart (the
+            # client wakes on the headers; the token must not trail them).
+            try:
+                first = await anext(batches, None)
+            except Exception:
+                await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+                raise
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            if first is not None:
+                chunk = first[0] if len(first) == 1 else b"".join(first)
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             async for batch in batches:
                 chunk = batch[0] if len(batch) == 1 else b"".join(batch)
                 await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
