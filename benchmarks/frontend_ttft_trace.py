@@ -223,6 +223,7 @@ def main() -> None:
     prompts = [gen.text(args.input_tokens) for _ in range(args.requests)]
     result = trace(args, model_dir, work, prompts)
     stamps = timeline(result["requests"], result["events"])
+    (work / "timeline.json").write_text(json.dumps(stamps))
 
     print(f"c=1, {args.requests} requests, µs from the client's send (medians); run in {work}")
     print("| stage | process | at (p50) | step from previous (p50) | n |")

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
+from starlette.routing import Route
 
 from stator.frontend import errors
 from stator.frontend.busy_threshold import install_busy_threshold_routes
@@ -166,8 +167,9 @@ def create_app(
         ("/v1/completions", completions, CompletionRequest),
         ("/v1/responses", responses, ResponsesRequest),
     ]
-    for path, endpoint, _ in generation_routes:
-        app.add_route(path, endpoint, methods=["POST"], include_in_schema=False)
+    # First in the route list: every request is matched against the routes in order.
+    for path, endpoint, _ in reversed(generation_routes):
+        app.router.routes.insert(0, Route(path, endpoint, methods=["POST"]))
 
     def model_object(name: str) -> ModelObject:
         entry = manager.models[name]
