@@ -75,6 +75,17 @@ def _uvicorn_config(app: FastAPI, config: FrontendConfig) -> uvicorn.Config:
     )
 
 
+def _cut_connections(server: uvicorn.Server) -> None:
+    """Cancel the in-flight requests (their streams close, so the engines abort them)
+    and close every connection."""
+    for task in list(server.server_state.tasks):
+        task.cancel()
+    for connection in list(server.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.close()
+
+
 @contextlib.asynccontextmanager
 async def running_frontend(
     runtime: Runtime,
@@ -145,6 +156,11 @@ async def serve_frontend(
         stopper = asyncio.create_task(wait_stop())
     try:
         await server.serve(sockets=[sock])
+    except asyncio.CancelledError:
+        # Cancelled (a lifecycle whose grace ran out): cut what is still in flight
+        # rather than leave its tasks running behind us.
+        _cut_connections(server)
+        raise
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
