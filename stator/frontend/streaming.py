@@ -160,8 +160,14 @@ class ClientGone(Exception):
 async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it (and with it the engine requests it holds) when the
     client disconnects first; then raise `ClientGone`. The request body must already
-    have been read, so the next ASGI message can only be the disconnect."""
-    task = asyncio.ensure_future(work)
+    have been read, so the next ASGI message can only be the disconnect.
+
+    `work` runs in the calling task (the watcher cancels that task), not in a task of
+    its own: a task would cost two event-loop turns on the way to the first token
+    (start it, then resume the caller when it ends), each a full round of every other
+    stream's work on a busy frontend."""
+    task = asyncio.current_task()
+    assert task is not None
     gone = False
 
     async def watch() -> None:
@@ -175,10 +181,12 @@ async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
 
     watcher = asyncio.create_task(watch())
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
         if not gone:
             raise
+        # Our own cancellation (from `watch`): the client left; that is not an error.
+        task.uncancel()
         raise ClientGone() from None
     finally:
         watcher.cancel()
