@@ -64,14 +64,15 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: FastAPI, config: FrontendConfig) -> uvicorn.Config:
+def _uvicorn_config(app: FastAPI, config: FrontendConfig, grace: float = 5.0) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         http=_http_impl(),
         lifespan="off",  # the manager's lifetime is ours, not the app's
         access_log=config.access_log,
         log_config=None,  # keep stator's log format (with request ids)
-        timeout_graceful_shutdown=5,
+        # Seconds in-flight responses get once a stop begins.
+        timeout_graceful_shutdown=grace,
     )
 
 
@@ -132,7 +133,9 @@ async def serve_frontend(
     await manager.start()
     app = create_app(manager, metrics, frontend_config)
     sock = _bind(frontend_config.http_host, frontend_config.http_port)
-    server = _EmbeddedServer(_uvicorn_config(app, frontend_config))
+    # In-flight responses get the runtime's grace period (--graceful-shutdown-timeout).
+    grace = runtime.config.graceful_shutdown_timeout
+    server = _EmbeddedServer(_uvicorn_config(app, frontend_config, grace))
     log.info(
         "frontend listening on http://%s:%d",
         frontend_config.http_host,
