@@ -245,6 +245,12 @@ def main() -> None:
     parser.add_argument("--speedup-ratio", type=float, default=100.0)
     parser.add_argument("--dynamo-python", default="/work/dynamo-venv/bin/python")
     parser.add_argument(
+        "--trace-frontend",
+        action="store_true",
+        help="--processes: run stator's frontend under benchmarks/ttft_probes.py (role "
+        "`requests`) and print where each request's time to its first token goes",
+    )
+    parser.add_argument(
         "--client-nice",
         type=int,
         default=0,

@@ -50,11 +50,39 @@ def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
                             "--model", str(model_dir), "--served-model-name", "tiny",
                             "--discovery", discovery, "--host", "127.0.0.1",
                             *mocker_flags(args)], env)  # fmt: skip
-    server.start("frontend", [sys.executable, "-m", "stator", *stator, "frontend",
+    frontend = [sys.executable, "-m", "stator"]
+    if args.trace_frontend:
+        frontend = [sys.executable, PROBES, "requests", str(run_dir / "requests.json"), "--"]
+    server.start("frontend", [*frontend, *stator, "frontend",
                               "--discovery", discovery, "--host", "127.0.0.1",
                               "--http-host", "127.0.0.1",
                               "--http-port", server.url.rsplit(":", 1)[1]], env)  # fmt: skip
     return server
+
+
+# Per-request frontend stages (`ttft_probes.py requests`), in order, for --trace-frontend.
+FRONTEND_STEPS = [
+    ("created", "task_ran", "headers parsed → request task runs"),
+    ("task_ran", "body_decoded_start", "→ route entered"),
+    ("body_decoded_start", "tokenized", "→ body, template, tokenized"),
+    ("tokenized", "plane_sent", "→ sampling, router, sent to worker"),
+    ("plane_sent", "primed", "→ first output back (worker + engine)"),
+    ("primed", "first_write", "→ first token written"),
+    ("created", "first_write", "headers parsed → first token written"),
+]
+
+
+def frontend_steps(path: Path, windows: dict[int, tuple[int, int]]) -> dict[int, dict]:
+    """Per concurrency: the median of each step (ms) over the requests made in its run."""
+    requests = json.loads(path.read_text())
+    out = {}
+    for c, (began, ended) in windows.items():
+        mine = [r for r in requests if began <= r["created"] <= ended]
+        out[c] = {
+            label: statistics.median((r[b] - r[a]) / 1e6 for r in mine if a in r and b in r)
+            for a, b, label in FRONTEND_STEPS
+        }
+    return out
 
 
 SERVERS = {"procs": ("stator frontend", stator_procs_server), "dynamo": ("dynamo", dynamo_server)}
@@ -99,6 +127,9 @@ def measure(key: str, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
             out[c] = {"cpu": cpu, "point": point}
     finally:
         server.stop()
+    if (run_dir / "requests.json").exists():
+        for c, steps in frontend_steps(run_dir / "requests.json", windows).items():
+            out[c]["frontend_steps"] = steps
     stamps_file = run_dir / "engine.json"
     if stamps_file.exists():
         stamps = json.loads(stamps_file.read_text())
@@ -146,6 +177,16 @@ def compare_processes(args: argparse.Namespace) -> None:
                    point["inter_token_latency"]["p50"]]  # fmt: skip
             print("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v)
                                     for v in row) + " |")  # fmt: skip
+    traced = [(label, r) for label, r in runs if "frontend_steps" in r[args.concurrency[0]]]
+    if traced:
+        print("\nstator frontend, per request (ms, medians; `ttft_probes.py requests`):")
+        print("| run | c | " + " | ".join(label for _, _, label in FRONTEND_STEPS) + " |")
+        print("|---|---|" + "---|" * len(FRONTEND_STEPS))
+        for w in loads:
+            for label, result in traced:
+                steps = result[w.concurrency]["frontend_steps"]
+                print(f"| {label} | {w.concurrency} | "
+                      + " | ".join(f"{steps[s]:.2f}" for _, _, s in FRONTEND_STEPS) + " |")  # fmt: skip
     for w in loads:
         engine_ttft = 1000 * statistics.median(r.ttft for r in inproc[w.name])
         print(f"in-process engine TTFT p50 (asyncio, no transport), c={w.concurrency}: "

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
+FIRST_WRITE_EVENTS = 2
 _HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -85,8 +86,11 @@ class SSEResponse(Response):
         # which nothing above inspects, go to the outermost send that takes them, saving
         # a few coroutine hops per token.
         body_send = scope.get(RAW_SEND_KEY, send)
-        # Events that are ready together (a burst of outputs) go out in one write.
-        batches = ready_batches(self.body_iterator)
+        # Events that are ready together (a burst of outputs) go out in one write; the
+        # first write carries at most the role chunk and the first token (then 8 events,
+        # then 32, ...): on a busy frontend many outputs have arrived by the time the
+        # request is primed, and the first token must not wait for their processing.
+        batches = ready_batches(self.body_iterator, first_items=FIRST_WRITE_EVENTS)
         try:
             # The first events (the role chunk and the primed first token) are ready
             # now: build them before the headers go out, so that the headers and the
