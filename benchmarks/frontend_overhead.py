@@ -244,6 +244,20 @@ def main() -> None:
     parser.add_argument("--systems", default="procs,dynamo,procs,dynamo")
     parser.add_argument("--speedup-ratio", type=float, default=100.0)
     parser.add_argument("--dynamo-python", default="/work/dynamo-venv/bin/python")
+    parser.add_argument(
+        "--trace-frontend",
+        action="store_true",
+        help="--processes: run stator's frontend under benchmarks/ttft_probes.py (role "
+        "`requests`) and print where each request's time to its first token goes",
+    )
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=0,
+        help="--processes: run the load generator at this nice value (e.g. -10: ahead of "
+        "the servers, so that on a box with few cores its own wait for a CPU is not "
+        "counted as added TTFT; needs root)",
+    )
     args = parser.parse_args()
 
     if args.processes:

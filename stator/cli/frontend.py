@@ -28,30 +28,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
-    from stator.runtime import RuntimeConfig
+    from stator.runtime import RuntimeConfig, run_main
 
     frontend_config = from_args(FrontendConfig, args)
     runtime_config = from_args(RuntimeConfig, args)
     router_config = from_args(RouterConfig, args)
-    _install_uvloop()
-    asyncio.run(_main(runtime_config, frontend_config, router_config))
-    return 0
+    return run_main(lambda: _main(runtime_config, frontend_config, router_config))
 
 
-def _install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:
-        return
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-async def _main(runtime_config, frontend_config, router_config) -> None:
+async def _main(runtime_config, frontend_config, router_config) -> int:
+    """Serve under the runtime's `Lifecycle`, as workers do: SIGTERM/SIGINT stop HTTP
+    service gracefully (in-flight responses finish) and exit 0; a second signal cuts the
+    grace short; a serving failure (e.g. the port is taken) exits 1."""
+    from stator.frontend.drain import FrontendDrain
     from stator.frontend.server import serve_frontend
-    from stator.runtime import Runtime
+    from stator.runtime import Lifecycle, Runtime
 
     runtime = await Runtime.create(runtime_config)
-    try:
-        await serve_frontend(runtime, frontend_config, router_config)
-    finally:
-        await runtime.shutdown()
+    stop = asyncio.Event()
+    serving = asyncio.ensure_future(
+        serve_frontend(runtime, frontend_config, router_config, stop=stop, handle_signals=False)
+    )
+    drain = FrontendDrain(runtime, stop, serving)
+    lifecycle = Lifecycle(drain, grace=runtime_config.graceful_shutdown_timeout)
+    return await lifecycle.run(serving)

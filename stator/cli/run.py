@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
 from typing import Any
 
 from stator.config import add_flags, from_args, option
@@ -138,21 +137,20 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     run_config, spec, engine_config, worker_config, frontend_config, router_config, model_dir
 ) -> int:
+    """Serve under the runtime's `Lifecycle`, as `stator worker` and `stator frontend` do:
+    SIGTERM/SIGINT stop HTTP service gracefully (in-flight responses finish), then the
+    workers; exit 0. A second signal cuts the grace short. A worker whose engine dies, or
+    a frontend that cannot serve, exits 1."""
     from stator.frontend.server import running_frontend
-    from stator.runtime import Runtime, RuntimeConfig
+    from stator.runtime import Lifecycle, Runtime, RuntimeConfig
     from stator.worker.host import WorkerHost
 
     def runtime_config() -> RuntimeConfig:
         return RuntimeConfig(namespace=run_config.namespace, discovery="mem")
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     served = worker_config.served_name(model_dir)
     hosts: list[tuple[WorkerHost, Runtime]] = []
     frontend_runtime = await Runtime.create(runtime_config())
-    exit_code = 0
     try:
         for _ in range(run_config.workers):
             runtime = await Runtime.create(runtime_config())
@@ -160,6 +158,14 @@ async def _serve(
             host = WorkerHost(runtime, engine, worker_config, model_dir=model_dir)
             hosts.append((host, runtime))
             await host.start()
+    except Exception as exc:
+        log.error("stator run failed: %s: %s", type(exc).__name__, exc)
+        await _stop_all(hosts, frontend_runtime, grace=0)
+        return 1
+
+    http_stop = asyncio.Event()
+
+    async def serve() -> None:
         async with running_frontend(frontend_runtime, frontend_config, router_config) as front:
             await front.manager.wait_for_model(served, timeout=60.0)
             # The one line a user waits for: where to point their client.
@@ -168,24 +174,51 @@ async def _serve(
                 f"at {front.base_url}/v1",
                 flush=True,
             )
-            fatal = [asyncio.create_task(h.wait_fatal()) for h, _ in hosts]
-            stopped = asyncio.create_task(stop.wait())
-            done, _ = await asyncio.wait([stopped, *fatal], return_when=asyncio.FIRST_COMPLETED)
-            for task in (stopped, *fatal):
-                task.cancel()
-            if stopped not in done:
-                reason = next(iter(done)).result()
-                log.error("a worker failed (%s); stopping", reason)
-                exit_code = 1
-    except Exception as exc:
-        log.error("stator run failed: %s: %s", type(exc).__name__, exc)
-        exit_code = 1
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        for host, runtime in hosts:
-            with contextlib.suppress(Exception):
-                await host.stop(grace=0 if exit_code else 5.0)
-            await runtime.shutdown(grace=0)
-        await frontend_runtime.shutdown(grace=0)
-    return exit_code
+            await http_stop.wait()
+        # Leaving the block stops uvicorn gracefully: in-flight responses finish.
+
+    serving = asyncio.ensure_future(serve())
+    lifecycle = Lifecycle(_RunDrain(frontend_runtime, hosts, http_stop, serving))
+    for host, _ in hosts:
+        host.on_fatal(lifecycle.fatal)
+    return await lifecycle.run(serving)
+
+
+class _RunDrain:
+    """`stator run` as the lifecycle's `Drainable`: draining stops HTTP service (and waits
+    for it), then stops the workers within what is left of the grace period."""
+
+    def __init__(self, frontend_runtime, hosts, http_stop: asyncio.Event, serving) -> None:
+        self.runtime = frontend_runtime
+        self.hosts = hosts
+        self.http_stop = http_stop
+        self.serving = serving
+
+    async def drain(self, grace: float | None = None) -> bool:
+        if grace is None:
+            grace = self.runtime.config.graceful_shutdown_timeout
+        deadline = asyncio.get_running_loop().time() + grace
+        self.http_stop.set()
+        finished = True
+        if not self.serving.done():
+            done, _ = await asyncio.wait({asyncio.shield(self.serving)}, timeout=grace)
+            finished = bool(done)
+        for host, _ in self.hosts:
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            finished = await host.stop(grace=left) and finished
+        return finished
+
+    async def shutdown(self, grace: float | None = 0.0) -> None:
+        if not self.serving.done():
+            self.serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.serving
+        await _stop_all(self.hosts, self.runtime, grace=0)
+
+
+async def _stop_all(hosts, frontend_runtime, grace: float) -> None:
+    for host, runtime in hosts:
+        with contextlib.suppress(Exception):
+            await host.stop(grace=grace)
+        await runtime.shutdown(grace=0)
+    await frontend_runtime.shutdown(grace=0)

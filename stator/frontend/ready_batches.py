@@ -55,19 +55,31 @@ async def _cancel(step: Any) -> None:
         await _Resume(step, None, throw=asyncio.CancelledError())
 
 
-async def ready_batches(iterator: AsyncIterator[T], max_items: int = 64) -> AsyncIterator[list[T]]:
+_RAMP = 4  # with `first_items`, each batch may hold this many times the previous one's limit
+
+
+async def ready_batches(
+    iterator: AsyncIterator[T], max_items: int = 64, first_items: int | None = None
+) -> AsyncIterator[list[T]]:
     """Lists of the items of `iterator` that were ready together, at most `max_items`
-    each (so an iterator that never waits still streams)."""
+    each (so an iterator that never waits still streams).
+
+    `first_items`: the first batch holds at most this many, the next ones 4× more each,
+    up to `max_items`. For a stream whose first items matter most (a response's first
+    token): when many items are ready at once, the first go out before the iterator
+    produces the rest, instead of after it."""
     batch: list[T] = []
+    limit = min(first_items or max_items, max_items)
     while True:
         step: Any = iterator.__anext__()
         try:
             yielded = step.send(None)
         except StopIteration as stop:  # ready without waiting
             batch.append(stop.value)
-            if len(batch) >= max_items:
+            if len(batch) >= limit:
                 yield batch
                 batch = []
+                limit = min(limit * _RAMP, max_items)
             continue
         except StopAsyncIteration:
             break
@@ -78,6 +90,7 @@ async def ready_batches(iterator: AsyncIterator[T], max_items: int = 64) -> Asyn
                 await _cancel(step)
                 raise
             batch = []
+            limit = min(limit * _RAMP, max_items)
         try:
             batch.append(await _Resume(step, yielded))
         except StopAsyncIteration:

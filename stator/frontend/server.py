@@ -64,15 +64,27 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: FastAPI, config: FrontendConfig) -> uvicorn.Config:
+def _uvicorn_config(app: FastAPI, config: FrontendConfig, grace: float = 5.0) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         http=_http_impl(),
         lifespan="off",  # the manager's lifetime is ours, not the app's
         access_log=config.access_log,
         log_config=None,  # keep stator's log format (with request ids)
-        timeout_graceful_shutdown=5,
+        # Seconds in-flight responses get once a stop begins.
+        timeout_graceful_shutdown=grace,
     )
+
+
+def _cut_connections(server: uvicorn.Server) -> None:
+    """Cancel the in-flight requests (their streams close, so the engines abort them)
+    and close every connection."""
+    for task in list(server.server_state.tasks):
+        task.cancel()
+    for connection in list(server.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.close()
 
 
 @contextlib.asynccontextmanager
@@ -121,7 +133,9 @@ async def serve_frontend(
     await manager.start()
     app = create_app(manager, metrics, frontend_config)
     sock = _bind(frontend_config.http_host, frontend_config.http_port)
-    server = _EmbeddedServer(_uvicorn_config(app, frontend_config))
+    # In-flight responses get the runtime's grace period (--graceful-shutdown-timeout).
+    grace = runtime.config.graceful_shutdown_timeout
+    server = _EmbeddedServer(_uvicorn_config(app, frontend_config, grace))
     log.info(
         "frontend listening on http://%s:%d",
         frontend_config.http_host,
@@ -145,6 +159,11 @@ async def serve_frontend(
         stopper = asyncio.create_task(wait_stop())
     try:
         await server.serve(sockets=[sock])
+    except asyncio.CancelledError:
+        # Cancelled (a lifecycle whose grace ran out): cut what is still in flight
+        # rather than leave its tasks running behind us.
+        _cut_connections(server)
+        raise
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
+FIRST_WRITE_EVENTS = 2
 _HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -85,10 +86,25 @@ class SSEResponse(Response):
         # which nothing above inspects, go to the outermost send that takes them, saving
         # a few coroutine hops per token.
         body_send = scope.get(RAW_SEND_KEY, send)
-        # Events that are ready together (a burst of outputs) go out in one write.
-        batches = ready_batches(self.body_iterator)
+        # Events that are ready together (a burst of outputs) go out in one write; the
+        # first write carries at most the role chunk and the first token (then 8 events,
+        # then 32, ...): on a busy frontend many outputs have arrived by the time the
+        # request is primed, and the first token must not wait for their processing.
+        batches = ready_batches(self.body_iterator, first_items=FIRST_WRITE_EVENTS)
         try:
+            # The first events (the role chunk and the primed first token) are ready
+            # now: build them before the headers go out, so that the headers and the
+            # first token leave back to back instead of one chunk-building apart (the
+            # client wakes on the headers; the token must not trail them).
+            try:
+                first = await anext(batches, None)
+            except Exception:
+                await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+                raise
             await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+            if first is not None:
+                chunk = first[0] if len(first) == 1 else b"".join(first)
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
             async for batch in batches:
                 chunk = batch[0] if len(batch) == 1 else b"".join(batch)
                 await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -148,8 +164,14 @@ class ClientGone(Exception):
 async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it (and with it the engine requests it holds) when the
     client disconnects first; then raise `ClientGone`. The request body must already
-    have been read, so the next ASGI message can only be the disconnect."""
-    task = asyncio.ensure_future(work)
+    have been read, so the next ASGI message can only be the disconnect.
+
+    `work` runs in the calling task (the watcher cancels that task), not in a task of
+    its own: a task would cost two event-loop turns on the way to the first token
+    (start it, then resume the caller when it ends), each a full round of every other
+    stream's work on a busy frontend."""
+    task = asyncio.current_task()
+    assert task is not None
     gone = False
 
     async def watch() -> None:
@@ -163,15 +185,18 @@ async def cancel_on_disconnect(receive: Receive, work: Awaitable[T]) -> T:
 
     watcher = asyncio.create_task(watch())
     try:
-        return await task
+        return await work
     except asyncio.CancelledError:
         if not gone:
             raise
+        # Our own cancellation (from `watch`): the client left; that is not an error.
+        task.uncancel()
         raise ClientGone() from None
     finally:
+        # Not awaited: that would cost the request one more event-loop turn on the way
+        # to its first token. The watcher only ever waits in `receive()`; cancelled, it
+        # ends there on its next step without taking a message.
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
 
 
 def client_gone_response() -> Response:

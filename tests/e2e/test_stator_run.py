@@ -93,3 +93,27 @@ def test_mocker_fleet_streams_and_reports_cached_tokens(fleet):
         cached.append(usage.prompt_tokens_details.cached_tokens)
     assert cached[:2] == [0, 0]
     assert all(c > 0 and c % 16 == 0 for c in cached[2:]), cached
+
+
+def test_sigterm_lets_an_inflight_stream_finish_then_exits_0(fleet):
+    # Speedup 0.2: 40 output tokens take seconds, so the stream is still going when the
+    # signal arrives.
+    proc, url = start_run(fleet, "--engine", "mocker", "--speedup-ratio", "0.2")
+    client = openai.OpenAI(base_url=url, api_key="none")
+    stream = client.chat.completions.create(
+        model="tiny-chat",
+        messages=[{"role": "user", "content": "In the beginning"}],
+        max_tokens=40,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    pieces = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+            if len(pieces) == 2:
+                proc.signal(15)  # SIGTERM: drain
+        if chunk.choices and chunk.choices[0].finish_reason:
+            assert chunk.choices[0].finish_reason == "length"
+    assert len(pieces) >= 20  # the stream ran to its end after the signal
+    assert proc.wait(60) == 0

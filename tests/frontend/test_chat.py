@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -133,6 +134,10 @@ def test_stop_string_aborts_the_engine_stream(client, engines):
     resp = client.chat.completions.create(model=STORY, messages=MESSAGES, stop="Hello")
     assert resp.choices[0].message.content == ""
     sent = engines[STORY].requests[-1]
+    # The abort reaches the engine on the server's loop, which may answer first.
+    deadline = time.monotonic() + 10
+    while sent.request_id not in engines[STORY].aborted and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert sent.request_id in engines[STORY].aborted
 
 

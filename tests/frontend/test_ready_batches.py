@@ -53,6 +53,22 @@ async def test_an_iterator_that_never_waits_still_streams():
     ]  # fmt: skip
 
 
+async def test_first_items_caps_the_first_batches_then_grows_4x():
+    async def numbers():
+        for i in range(50):
+            yield i
+
+    sizes = [len(b) async for b in ready_batches(numbers(), max_items=32, first_items=2)]
+    assert sizes == [2, 8, 32, 8]
+    # A wait still ends a batch early.
+    src = Source([[1], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    batches = ready_batches(src.items(), first_items=2)
+    assert await anext(batches) == [1]
+    src.gates[1].set()
+    assert await anext(batches) == list(range(2, 10))  # 8: the limit grew after [1]
+    assert await anext(batches) == [10, 11, 12]
+
+
 async def test_errors_pass_through_after_the_ready_items():
     async def failing():
         yield 1
