@@ -90,7 +90,13 @@ class Router:
                     self.block_size, config.router_ttl, config.router_max_tree_size
                 )
         self.replicas = (
-            ReplicaSync(runtime, card.name, self.load, self.queue.wake)
+            ReplicaSync(
+                runtime,
+                card.name,
+                self.load,
+                self.queue.wake,
+                peer_ttl=config.router_replica_ttl,
+            )
             if config.router_replica_sync
             else None
         )
