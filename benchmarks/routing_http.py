@@ -8,10 +8,16 @@ Per (system, policy, workload) a fresh fleet is started (so no run inherits anot
 cache), `stator bench run` sends the workload, and its summary.json gives one table row:
 TTFT p50/p90/p99, mean inter-token latency, output tokens/s, failed requests (503s are
 the router's rejections) and the prefix hit rate (cached prompt tokens the engines report
-in `usage.prompt_tokens_details`, over all prompt tokens).
+in `usage.prompt_tokens_details`, over all prompt tokens). A second table gives each fleet
+process's CPU time during the load, as a share of one core.
 
-- stator: `stator run --engine mocker --workers 4 --router-mode P` (frontend and workers
-  as separate processes on 127.0.0.1).
+- stator, `--stator-layout one-process` (the default): `stator run --engine mocker
+  --workers 4 --router-mode P`, frontend, router and the 4 mockers in one process and one
+  event loop, so whatever blocks the frontend (tokenizing a 16k-token prompt) also stalls
+  the simulated engines' clocks.
+- stator, `--stator-layout processes`: `stator frontend` + 4 `stator worker --engine
+  mocker` processes (file discovery, TCP request plane, ZMQ event plane), like Dynamo's
+  separate frontend and mocker processes.
 - Dynamo: `dynamo.mocker --num-workers 4` + `dynamo.frontend --router-mode P`, file
   discovery, TCP request plane, ZMQ event plane through a loopback XSUB/XPUB broker (so
   nothing binds 0.0.0.0; recipe in ../shared/reference/dynamo-live.md).
