@@ -270,7 +270,9 @@ async def run(policy: str, arrivals: list[Arrival], args) -> Result:
     frontend = await Runtime.create(RuntimeConfig(namespace=namespace, discovery="mem"))
     client = await frontend.client(GENERATE, EngineOutput)
     await client.wait_for_instances(args.workers, timeout=10)
-    config = RouterConfig(router_mode=policy, router_seed=0)
+    config = RouterConfig(
+        router_mode=policy, router_seed=0, kv_overlap_score_weight=args.kv_overlap_score_weight
+    )
     router = Router(frontend, client, card, config, registry=CollectorRegistry())
     await router.start()
     result = Result()
@@ -320,6 +322,13 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kv-overlap-score-weight",
+        type=float,
+        default=1.0,
+        help="the router's weight of prefill against decode blocks (kv and the load-aware "
+        "policies)",
+    )
     fleet = parser.add_argument_group("fleet (mocker)")
     fleet.add_argument("--speedup", type=float, default=1.0)
     fleet.add_argument("--kv-blocks", type=int, default=1024)
