@@ -22,7 +22,8 @@ Each (workload, policy) run starts a fresh fleet. Reported per run: TTFT p50/p90
 mean inter-token latency, output tokens/s, rejections, the prefix hit rate (prompt
 tokens the engines served from their cache / all prompt tokens), and the process's CPU
 time over wall time (fleet and router share one core: near 100% the numbers measure
-Python, not the routing).
+Python, not the routing), and the router's mean decision time (its
+`stator_router_routing_seconds`: hashing the prompt, the index lookup, the cost).
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ class Result:
     failed: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time over the run (fleet + router)
+    routing_ms: float = 0.0  # mean time the router took to choose (its routing_seconds)
 
 
 async def one_request(router: Router, rid: str, arrival: Arrival, result: Result) -> None:
@@ -288,6 +290,11 @@ async def run(policy: str, arrivals: list[Arrival], args) -> Result:
     # Throughput over the measured part: from its first arrival to the end.
     result.seconds = time.perf_counter() - t0 - min(a.at for a in arrivals if a.measured)
     result.cpu_seconds = time.process_time() - cpu0
+    for metric in router.metrics.routing_seconds.collect():
+        values = {s.name: s.value for s in metric.samples}
+        count = values.get("stator_router_routing_seconds_count", 0)
+        if count:
+            result.routing_ms = values["stator_router_routing_seconds_sum"] / count * 1000
     await router.close()
     await client.close()
     for host in hosts:
@@ -310,7 +317,7 @@ def report(workload: str, policy: str, r: Result) -> str:
     return (
         f"| {workload} | {policy} | {pct(r.ttft, 50) * ms:.0f} | {pct(r.ttft, 90) * ms:.0f} | "
         f"{pct(r.ttft, 99) * ms:.0f} | {itl:.1f} | {r.output_tokens / r.seconds:.0f} | "
-        f"{r.rejected} | {r.failed} | {hit:.1%} | {r.cpu_seconds / r.seconds:.0%} |"
+        f"{r.rejected} | {r.failed} | {hit:.1%} | {r.cpu_seconds / r.seconds:.0%} | {r.routing_ms:.3f} |"
     )
 
 
@@ -367,9 +374,9 @@ def main() -> None:
     policies = args.policies.split(",")
     print(
         "| workload | policy | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL ms | "
-        "out tok/s | rejected | failed | prefix hit | CPU |"
+        "out tok/s | rejected | failed | prefix hit | CPU | routing ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for workload in workloads:
         arrivals = WORKLOADS[workload](args, random.Random(args.seed))
         for policy in policies:
