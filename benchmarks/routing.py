@@ -11,12 +11,19 @@ Workloads:
   sticks to a few workers.
 - `mooncake`: the Mooncake conversation trace (`--trace`), replayed at its timestamps
   (divided by `--time-scale`); each 512-token hash id becomes 512 fixed tokens, so
-  requests that share hash ids share prefixes.
+  requests that share hash ids share prefixes. `--trace-start S --warmup W` measures a
+  window from trace second S, after replaying W trace seconds before it unmeasured (the
+  first minutes of the trace reuse less than later ones, whose conversations started
+  earlier: at most 29% of the first 600 s's prompt blocks can come from a cache, ~38%
+  of a later 600 s after a 300 s warm-up).
 - `no-reuse`: unique random prompts, Poisson arrivals: nothing to gain from the cache.
 
 Each (workload, policy) run starts a fresh fleet. Reported per run: TTFT p50/p90/p99,
-mean inter-token latency, output tokens/s, rejections, and the prefix hit rate (prompt
-tokens the engines served from their cache / all prompt tokens).
+mean inter-token latency, output tokens/s, rejections, the prefix hit rate (prompt
+tokens the engines served from their cache / all prompt tokens), and the process's CPU
+time over wall time (fleet and router share one core: near 100% the numbers measure
+Python, not the routing), and the router's mean decision time (its
+`stator_router_routing_seconds`: hashing the prompt, the index lookup, the cost).
 """
 
 from __future__ import annotations
@@ -122,6 +129,7 @@ class Arrival:
     at: float  # seconds from the start
     tokens: list[int]
     max_tokens: int
+    measured: bool = True  # False: warm-up traffic, sent but not in the numbers
 
 
 def poisson_times(rng: random.Random, rate: float, count: int) -> list[float]:
@@ -155,13 +163,20 @@ def no_reuse(args, rng: random.Random) -> list[Arrival]:
 
 
 def mooncake(args, rng: random.Random) -> list[Arrival]:
+    """The trace from `trace_start - warmup` to `trace_start + duration * time_scale`
+    seconds of trace time; what comes before `trace_start` warms the fleet's caches (and
+    loads it) but is not measured."""
+    first = max(0.0, args.trace_start - args.warmup)
+    end = args.trace_start + args.duration * args.time_scale
     block: dict[int, list[int]] = {}
     out = []
     with open(args.trace) as f:
         for line in f:
             row = json.loads(line)
-            at = row["timestamp"] / 1000 / args.time_scale
-            if at > args.duration:
+            t = row["timestamp"] / 1000
+            if t < first:
+                continue
+            if t > end:
                 break
             tokens: list[int] = []
             for hid in row["hash_ids"]:
@@ -170,7 +185,14 @@ def mooncake(args, rng: random.Random) -> list[Arrival]:
                     block[hid] = [r.randrange(32000) for _ in range(512)]
                 tokens.extend(block[hid])
             length = min(row["input_length"], args.max_input_tokens)
-            out.append(Arrival(at, tokens[:length], min(row["output_length"], args.max_output)))
+            out.append(
+                Arrival(
+                    (t - first) / args.time_scale,
+                    tokens[:length],
+                    min(row["output_length"], args.max_output),
+                    measured=t >= args.trace_start,
+                )
+            )
     return out
 
 
@@ -190,9 +212,13 @@ class Result:
     rejected: int = 0
     failed: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time over the run (fleet + router)
+    routing_ms: float = 0.0  # mean time the router took to choose (its routing_seconds)
 
 
 async def one_request(router: Router, rid: str, arrival: Arrival, result: Result) -> None:
+    if not arrival.measured:
+        result = Result()  # warm-up: sent and served, counted nowhere
     request = EngineRequest(
         request_id=rid,
         model="bench",
@@ -246,19 +272,29 @@ async def run(policy: str, arrivals: list[Arrival], args) -> Result:
     frontend = await Runtime.create(RuntimeConfig(namespace=namespace, discovery="mem"))
     client = await frontend.client(GENERATE, EngineOutput)
     await client.wait_for_instances(args.workers, timeout=10)
-    config = RouterConfig(router_mode=policy, router_seed=0)
+    config = RouterConfig(
+        router_mode=policy, router_seed=0, kv_overlap_score_weight=args.kv_overlap_score_weight
+    )
     router = Router(frontend, client, card, config, registry=CollectorRegistry())
     await router.start()
     result = Result()
     tasks = []
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     for i, arrival in enumerate(arrivals):
         delay = t0 + arrival.at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one_request(router, f"r{i}", arrival, result)))
     await asyncio.gather(*tasks)
-    result.seconds = time.perf_counter() - t0
+    # Throughput over the measured part: from its first arrival to the end.
+    result.seconds = time.perf_counter() - t0 - min(a.at for a in arrivals if a.measured)
+    result.cpu_seconds = time.process_time() - cpu0
+    for metric in router.metrics.routing_seconds.collect():
+        values = {s.name: s.value for s in metric.samples}
+        count = values.get("stator_router_routing_seconds_count", 0)
+        if count:
+            result.routing_ms = values["stator_router_routing_seconds_sum"] / count * 1000
     await router.close()
     await client.close()
     for host in hosts:
@@ -281,7 +317,7 @@ def report(workload: str, policy: str, r: Result) -> str:
     return (
         f"| {workload} | {policy} | {pct(r.ttft, 50) * ms:.0f} | {pct(r.ttft, 90) * ms:.0f} | "
         f"{pct(r.ttft, 99) * ms:.0f} | {itl:.1f} | {r.output_tokens / r.seconds:.0f} | "
-        f"{r.rejected} | {r.failed} | {hit:.1%} |"
+        f"{r.rejected} | {r.failed} | {hit:.1%} | {r.cpu_seconds / r.seconds:.0%} | {r.routing_ms:.3f} |"
     )
 
 
@@ -293,6 +329,13 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kv-overlap-score-weight",
+        type=float,
+        default=1.0,
+        help="the router's weight of prefill against decode blocks (kv and the load-aware "
+        "policies)",
+    )
     fleet = parser.add_argument_group("fleet (mocker)")
     fleet.add_argument("--speedup", type=float, default=1.0)
     fleet.add_argument("--kv-blocks", type=int, default=1024)
@@ -310,7 +353,19 @@ def main() -> None:
     trace = parser.add_argument_group("mooncake")
     trace.add_argument("--trace", default=str(TRACE))
     trace.add_argument("--time-scale", type=float, default=4.0, help="replay this much faster")
-    trace.add_argument("--duration", type=float, default=60.0, help="seconds of replay")
+    trace.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of measured replay (wall)"
+    )
+    trace.add_argument(
+        "--trace-start", type=float, default=0.0, help="trace second where measuring starts"
+    )
+    trace.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="trace seconds before --trace-start replayed (same time scale) to warm the "
+        "caches, not measured",
+    )
     trace.add_argument("--max-input-tokens", type=int, default=16384)
     trace.add_argument("--max-output", type=int, default=32)
     args = parser.parse_args()
@@ -319,9 +374,9 @@ def main() -> None:
     policies = args.policies.split(",")
     print(
         "| workload | policy | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL ms | "
-        "out tok/s | rejected | failed | prefix hit |"
+        "out tok/s | rejected | failed | prefix hit | CPU | routing ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for workload in workloads:
         arrivals = WORKLOADS[workload](args, random.Random(args.seed))
         for policy in policies:

@@ -8,10 +8,16 @@ Per (system, policy, workload) a fresh fleet is started (so no run inherits anot
 cache), `stator bench run` sends the workload, and its summary.json gives one table row:
 TTFT p50/p90/p99, mean inter-token latency, output tokens/s, failed requests (503s are
 the router's rejections) and the prefix hit rate (cached prompt tokens the engines report
-in `usage.prompt_tokens_details`, over all prompt tokens).
+in `usage.prompt_tokens_details`, over all prompt tokens). A second table gives each fleet
+process's CPU time during the load, as a share of one core.
 
-- stator: `stator run --engine mocker --workers 4 --router-mode P` (frontend and workers
-  as separate processes on 127.0.0.1).
+- stator, `--stator-layout one-process` (the default): `stator run --engine mocker
+  --workers 4 --router-mode P`, frontend, router and the 4 mockers in one process and one
+  event loop, so whatever blocks the frontend (tokenizing a 16k-token prompt) also stalls
+  the simulated engines' clocks.
+- stator, `--stator-layout processes`: `stator frontend` + 4 `stator worker --engine
+  mocker` processes (file discovery, TCP request plane, ZMQ event plane), like Dynamo's
+  separate frontend and mocker processes.
 - Dynamo: `dynamo.mocker --num-workers 4` + `dynamo.frontend --router-mode P`, file
   discovery, TCP request plane, ZMQ event plane through a loopback XSUB/XPUB broker (so
   nothing binds 0.0.0.0; recipe in ../shared/reference/dynamo-live.md).
@@ -66,6 +72,34 @@ zmq.proxy(xsub, xpub)
 # -- fleets ------------------------------------------------------------------------------
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces: split after its closing parenthesis.
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _all_parents() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process now running."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                out.append((int(entry), int(_stat_fields(int(entry))[1])))
+    return out
+
+
+def _cpu_of(pid: int) -> float:
+    """User + system CPU seconds of one live process (0 once it is gone)."""
+    try:
+        fields = _stat_fields(pid)
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
 class Fleet:
     """Processes started for one run; stopped (SIGINT, then SIGKILL) in reverse order."""
 
@@ -73,27 +107,54 @@ class Fleet:
         self.port = port
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen] = []
+        self.names: list[str] = []
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.names.append(name)
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         self.procs.append(
             subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         )
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 120.0, workers: int | None = None) -> None:
+        """Until the model is served (and, given `workers`, that many instances are live:
+        otherwise a 2 s grace for the rest to register)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in self.procs:
                 if proc.poll() is not None:
                     raise RuntimeError(f"a fleet process exited early; logs in {self.log_dir}")
             with contextlib.suppress(OSError, ValueError):
-                url = f"http://127.0.0.1:{self.port}/v1/models"
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if MODEL in response.read().decode():
-                        time.sleep(2.0)  # let every worker register, not just the first
+                if workers is not None:
+                    url = f"http://127.0.0.1:{self.port}/health"
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        live = json.loads(response.read()).get("instances", {}).get(MODEL, [])
+                    if len(live) >= workers:
                         return
+                else:
+                    url = f"http://127.0.0.1:{self.port}/v1/models"
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        if MODEL in response.read().decode():
+                            time.sleep(2.0)  # let every worker register, not just the first
+                            return
             time.sleep(0.5)
         raise RuntimeError(f"fleet not ready after {timeout}s; logs in {self.log_dir}")
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) used so far by each spawned process and its
+        descendants, by spawn name."""
+        children: dict[int, list[int]] = {}
+        for pid, ppid in _all_parents():
+            children.setdefault(ppid, []).append(pid)
+        out = {}
+        for name, proc in zip(self.names, self.procs, strict=True):
+            total, todo = 0.0, [proc.pid]
+            while todo:
+                pid = todo.pop()
+                total += _cpu_of(pid)
+                todo.extend(children.get(pid, []))
+            out[name] = total
+        return out
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -118,6 +179,8 @@ def mocker_args(args, dynamo: bool) -> list[str]:
 
 
 def start_stator(policy: str, args, model_dir: Path, log_dir: Path) -> Fleet:
+    if args.stator_layout == "processes":
+        return start_stator_processes(policy, args, model_dir, log_dir)
     fleet = Fleet(free_port(), log_dir)
     argv = [
         sys.executable, "-m", "stator", "run",
@@ -130,6 +193,35 @@ def start_stator(policy: str, args, model_dir: Path, log_dir: Path) -> Fleet:
     ]  # fmt: skip
     fleet.spawn("stator", argv, repo_env())
     fleet.wait_ready()
+    return fleet
+
+
+def start_stator_processes(policy: str, args, model_dir: Path, log_dir: Path) -> Fleet:
+    """`stator frontend` and one `stator worker --engine mocker` process per worker, on
+    file discovery, the TCP request plane and the ZMQ event plane: the layout of Dynamo's
+    fleet, where frontend and mocker are separate processes too."""
+    fleet = Fleet(free_port(), log_dir)
+    discovery = ["--discovery", f"file:{log_dir / 'discovery'}", "--event-plane", "zmq"]
+    fleet.spawn(
+        "frontend",
+        [
+            sys.executable, "-m", "stator", "frontend", *discovery,
+            "--http-host", "127.0.0.1", "--http-port", str(fleet.port),
+            "--router-mode", policy, "--router-seed", "0",
+        ],
+        repo_env(),
+    )  # fmt: skip
+    for i in range(args.workers):
+        fleet.spawn(
+            f"worker{i}",
+            [
+                sys.executable, "-m", "stator", "worker", "--engine", "mocker", *discovery,
+                "--model", str(model_dir), "--served-model-name", MODEL,
+                "--context-length", "32768", *mocker_args(args, dynamo=False),
+            ],
+            repo_env(),
+        )  # fmt: skip
+    fleet.wait_ready(workers=args.workers)
     return fleet
 
 
@@ -260,6 +352,13 @@ def main() -> None:
     parser.add_argument("--workloads", default="shared-prefix,mooncake,no-reuse")
     parser.add_argument("--policies", default="round-robin,least-loaded,kv")
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--stator-layout",
+        choices=["one-process", "processes"],
+        default="one-process",
+        help="stator as `stator run` (frontend, router and every worker in one process) or "
+        "as a `stator frontend` process + one `stator worker` process per worker",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default=None, help="logs and bench output (default: tmp)")
     fleet = parser.add_argument_group("fleet (mocker, the same for both systems)")
@@ -294,6 +393,7 @@ def main() -> None:
         "out tok/s | rejected | failed | prefix hit |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    cpu_rows: list[str] = []
     for workload in args.workloads.split(","):
         flags = workload_flags(workload, args, work)
         for system in args.systems.split(","):
@@ -305,10 +405,24 @@ def main() -> None:
                     fleet_args.kv_blocks = args.trace_kv_blocks
                 fleet = SYSTEMS[system](policy, fleet_args, model_dir, run_dir)
                 try:
+                    cpu_before, started = fleet.cpu_seconds(), time.monotonic()
                     summary = bench(fleet.port, flags, model_dir, run_dir / "bench", args.seed)
+                    wall = time.monotonic() - started
+                    cpu_after = fleet.cpu_seconds()
                 finally:
                     fleet.stop()
                 print(row(system, workload, policy, summary), flush=True)
+                used = {n: cpu_after[n] - cpu_before.get(n, 0.0) for n in cpu_after}
+                (run_dir / "cpu.json").write_text(json.dumps({"wall": wall, "cpu": used}))
+                cpu_rows.append(
+                    f"| {workload} | {system} | {policy} | {wall:.0f} | "
+                    + ", ".join(f"{n} {s / wall:.0%}" for n, s in used.items())
+                    + f" | {sum(used.values()) / wall:.0%} |"
+                )
+    print("\nCPU of the fleet's processes during the load (% of one core, over the bench wall):")
+    print("| workload | system | policy | wall s | per process | total |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(cpu_rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,12 @@ class RouterConfig:
     router_replica_sync: bool = option(
         False, "Share router-tracked load with the other frontends over the event plane"
     )
+    router_replica_ttl: float = option(
+        5.0,
+        "With --router-replica-sync: seconds without a word from another frontend after which "
+        "its bookings are dropped (it crashed or left); each frontend says it is alive every "
+        "third of this",
+    )
     router_seed: int | None = option(None, "Seed for the router's random choices (tests)")
 
     def busy_thresholds(self) -> BusyThresholds:
@@ -81,6 +87,8 @@ class RouterConfig:
             raise ValueError("router_ttl and router_max_tree_size must be positive")
         if self.router_kv_index_jump < 1:
             raise ValueError("router_kv_index_jump must be >= 1")
+        if self.router_replica_ttl <= 0:
+            raise ValueError("router_replica_ttl must be positive")
         if self.router_queue_size < 0:
             raise ValueError("router_queue_size must be >= 0")
         if self.migration_limit is not None and self.migration_limit < 0:

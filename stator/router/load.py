@@ -59,6 +59,12 @@ class WorkerLoad:
     def active_blocks(self) -> int:
         return max(0, self.reported_blocks + self.blocks_since_report)
 
+    def load_blocks(self, weight: float, block_size: int) -> float:
+        """This worker's load as the kv cost weighs it, without the prompt's own terms:
+        `weight * prefill blocks sent and not finished + active KV blocks`. What the
+        load-aware simple policies (least-loaded, power-of-two) compare."""
+        return weight * self.prefill_tokens / block_size + self.active_blocks
+
     @property
     def queued_prefill_tokens(self) -> int:
         return max(self.prefill_tokens, self.reported_prefill_tokens)

@@ -1,8 +1,10 @@
 """The simple policies: pure choices over the live (worker, dp_rank) candidates.
 
-`load_of(key)` is the number of requests in flight on a candidate (as the router and its
-replicas booked them); the load-blind policies ignore it. The `kv` policy lives in
-`stator.router.cost`.
+`load_of(key)` is a candidate's load by the measure the `kv` cost uses, less its prefix
+term: `weight * prefill blocks in flight + active KV blocks`, as the router and its
+replicas booked them and load reports corrected them (`WorkerLoad.load_blocks`). So on
+traffic with no reuse, `least-loaded` and `kv` make the same choice. The load-blind
+policies ignore it. The `kv` policy lives in `stator.router.cost`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from stator.router.kv_index import WorkerKey
 
-LoadOf = Callable[[WorkerKey], int]
+LoadOf = Callable[[WorkerKey], float]
 
 
 class RoundRobin:
@@ -47,8 +49,8 @@ class PowerOfTwo:
 
 
 class LeastLoaded:
-    """The candidate with the fewest requests in flight; ties at random, so that an idle
-    fleet is not always entered by its first worker."""
+    """The candidate with the least load; ties at random, so that an idle fleet is not
+    always entered by its first worker."""
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng

@@ -97,7 +97,13 @@ class Router:
                     self.block_size, config.router_ttl, config.router_max_tree_size
                 )
         self.replicas = (
-            ReplicaSync(runtime, card.name, self.load, self.queue.wake)
+            ReplicaSync(
+                runtime,
+                card.name,
+                self.load,
+                self.queue.wake,
+                peer_ttl=config.router_replica_ttl,
+            )
             if config.router_replica_sync
             else None
         )
@@ -306,7 +312,8 @@ class Router:
                 return keys[0], 0
             assert self.policy is not None or self.mode == "direct"
             policy = self.policy or make_policy("least-loaded", self.rng)
-            return policy.select(keys, lambda k: self.load.load(k).inflight), 0
+            weight, size, load = self._weight(request), self.block_size, self.load.load
+            return policy.select(keys, lambda k: load(k).load_blocks(weight, size)), 0
         if self.index is not None:
             matches = self.index.find_matches(hashes)
             tree_size = self.index.tree_size
@@ -314,9 +321,7 @@ class Router:
             assert self.approx is not None
             matches = self.approx.find_matches(hashes, time.monotonic())
             tree_size = self.approx.tree_size
-        weight = self.config.kv_overlap_score_weight
-        if request.routing is not None and request.routing.overlap_weight is not None:
-            weight = request.routing.overlap_weight
+        weight = self._weight(request)
         candidates = []
         for key in keys:
             load = self.load.load(key)
@@ -341,6 +346,12 @@ class Router:
         if self.approx is not None:
             self.approx.record(choice.key, hashes, time.monotonic())
         return choice.key, choice.overlap_blocks
+
+    def _weight(self, request: EngineRequest) -> float:
+        """The weight of prefill against decode blocks: the request's own, or the config's."""
+        if request.routing is not None and request.routing.overlap_weight is not None:
+            return request.routing.overlap_weight
+        return self.config.kv_overlap_score_weight
 
     def _record_decision(
         self,

@@ -54,6 +54,25 @@ async def test_least_loaded_avoids_the_busy_worker():
     await router.close()
 
 
+async def test_least_loaded_counts_prompt_tokens_not_requests():
+    """One long prompt waiting for its first token outweighs two one-token requests."""
+    router, workers = await start_router(2, RouterConfig(router_mode="least-loaded"))
+    for w in workers:
+        w.release.clear()
+    long = asyncio.create_task(collect(router, request("long", list(range(1, 40 * BS)))))
+    await until(lambda: sum(len(w.requests) for w in workers) == 1)
+    heavy = routed_to(workers, "long")[0]
+    light = workers[1] if heavy is workers[0] else workers[0]
+    shorts = [asyncio.create_task(collect(router, request(f"s{i}", [1]))) for i in range(3)]
+    await until(lambda: sum(len(w.requests) for w in workers) == 4)
+    # By requests in flight `light` held 1 when the third short one came; it still wins.
+    assert all(routed_to(workers, f"s{i}") == [light] for i in range(3))
+    for w in workers:
+        w.release.set()
+    await asyncio.gather(long, *shorts)
+    await router.close()
+
+
 async def test_kv_mode_follows_kv_events():
     router, workers = await start_router(3, RouterConfig(router_mode="kv", router_seed=1))
     holder = workers[2]
