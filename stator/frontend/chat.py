@@ -49,7 +49,7 @@ from stator.llm.postprocess import Delta
 async def create_chat_completion(
     body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str, receive: Receive
 ) -> Response | SSEResponse:
-    prompt = pipeline.chat_prompt(body)
+    prompt = await pipeline.chat_prompt(body)
     streams = pipeline.open_choices(body, [prompt], request_id)
     tracker = GenerationTracker(pipeline.model_metrics, len(prompt))
     try:

@@ -48,7 +48,7 @@ async def completion_prompts(
                 "Either prompt or prompt_embeds must be given and non-empty.", param="prompt"
             )
         return embeds
-    return [*embeds, *token_prompts(body, pipeline)]
+    return [*embeds, *(await token_prompts(body, pipeline))]
 
 
 def check_embeds_request(body: CompletionRequest, pipeline: ModelPipeline) -> None:
@@ -78,14 +78,14 @@ def _decode_all(payloads: list[str], pipeline: ModelPipeline) -> list[PromptEmbe
     return decoded
 
 
-def token_prompts(body: CompletionRequest, pipeline: ModelPipeline) -> list[CompletionPrompt]:
+async def token_prompts(body: CompletionRequest, pipeline: ModelPipeline) -> list[CompletionPrompt]:
     """`prompt` as token ids, each checked to be non-empty and inside the vocabulary."""
     prompt, tokenizer = body.prompt, pipeline.tokenizer
     started = time.perf_counter()
     if isinstance(prompt, str):
-        prompts = [tokenizer.encode(prompt, add_special_tokens=True)]
+        prompts = [await tokenizer.encode_async(prompt, add_special_tokens=True)]
     elif prompt and isinstance(prompt[0], str):
-        prompts = [tokenizer.encode(p, add_special_tokens=True) for p in prompt]  # type: ignore[arg-type]
+        prompts = [await tokenizer.encode_async(p, add_special_tokens=True) for p in prompt]  # type: ignore[arg-type]
     elif prompt and isinstance(prompt[0], int):
         prompts = [list(prompt)]  # type: ignore[arg-type]
     else:

@@ -196,7 +196,7 @@ class ModelPipeline:
 
     # -- preprocessing ---------------------------------------------------------------
 
-    def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         self.parsing.check_tool_choice(body.tools, body.tool_choice)
         if self.parsing.harmony is not None:
             return self._harmony_prompt(body)
@@ -219,7 +219,7 @@ class ModelPipeline:
         except TemplateRenderError as exc:
             raise errors.bad_request(str(exc), param="messages") from exc
         rendered = time.perf_counter()
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = await self.tokenizer.encode_async(text, add_special_tokens=False)
         self.metrics.stage_timers["template"].observe(rendered - started)
         self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - rendered)
         return ids

@@ -206,7 +206,7 @@ async def create_response(
     receive: Receive,
 ) -> Response | SSEResponse:
     conversation, chat = translate(body, store)
-    prompt = pipeline.chat_prompt(chat)
+    prompt = await pipeline.chat_prompt(chat)
     (stream,) = pipeline.open_choices(chat, [prompt], request_id)
     parser = pipeline.parsing.for_request(
         pipeline.tokenizer.inner, chat.tools, chat.tool_choice, chat.chat_template_kwargs

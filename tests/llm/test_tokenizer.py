@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from stator.llm.tokenizer import Tokenizer, TokenizerError, read_model_files
+from stator.llm.tokenizer import OFF_LOOP_CHARS, Tokenizer, TokenizerError, read_model_files
 from tests.model_factory import SPECIAL_TOKENS, make_model_dir
 
 
@@ -71,3 +72,36 @@ def test_token_info_gives_text_and_exact_bytes(tiny_model_dir, tmp_path):
         assert any(text.startswith(" h") for text, _ in infos)
         assert tok.token_info(tok.eos_token_ids[0])[0] == tok.eos_token
         assert tok.token_info(ids[0]) is tok.token_info(ids[0])  # cached
+
+
+async def test_encode_async_matches_encode_short_and_long(tiny_model_dir):
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    short = "hello world"
+    long = "the quick brown fox jumps over the lazy dog. " * (OFF_LOOP_CHARS // 40)
+    assert len(long) >= OFF_LOOP_CHARS
+    for text in (short, long):
+        for special in (False, True):
+            assert await tok.encode_async(text, special) == tok.encode(text, special)
+
+
+async def test_long_encode_leaves_the_event_loop_free(tiny_model_dir):
+    """A long prompt is tokenized in a thread: a task on the loop keeps ticking meanwhile
+    (inline, the loop would not turn until the encode returned)."""
+    tok = Tokenizer.from_dir(tiny_model_dir)
+    text = "the quick brown fox jumps over the lazy dog. " * 20_000  # ~1 MB, ~0.1-1 s
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    ids = await tok.encode_async(text)
+    during = ticks - before
+    ticker.cancel()
+    assert ids == tok.encode(text)
+    assert during > 10

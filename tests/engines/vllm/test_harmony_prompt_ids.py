@@ -8,6 +8,7 @@ stator's side is the frontend's chat path (`ModelPipeline` → `ModelParsing.har
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
 import pytest
@@ -138,7 +139,8 @@ def stator_prompt(parsing: ModelParsing, body: dict) -> list[int]:
     pipeline = ModelPipeline.__new__(ModelPipeline)
     pipeline.name, pipeline.parsing, pipeline.template = "gpt-oss", parsing, None
     pipeline.metrics = FrontendMetrics()
-    return pipeline.chat_prompt(ChatCompletionRequest(model="gpt-oss", **copy.deepcopy(body)))
+    request = ChatCompletionRequest(model="gpt-oss", **copy.deepcopy(body))
+    return asyncio.run(pipeline.chat_prompt(request))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
