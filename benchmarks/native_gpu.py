@@ -103,6 +103,24 @@ def drain(core: EngineCore) -> dict[str, list[float]]:
     return times
 
 
+def decode_and_ttft(core: EngineCore, rng: random.Random) -> dict[str, float]:
+    """Batch-1 decode tok/s (256 tokens; the second run: the first compiles and warms
+    everything) and the median TTFT of a 1,024-token prompt on an idle engine."""
+    for trial in range(2):
+        core.add_request(request(f"d{trial}", random_ids(rng, 32), 256))
+        t = drain(core)[f"d{trial}"]
+    ttfts = []
+    for trial in range(6):
+        core.add_request(request(f"t{trial}", random_ids(rng, 1024), 1))
+        start = time.perf_counter()
+        drain(core)
+        ttfts.append(time.perf_counter() - start)
+    return {
+        "b1_decode_tok_s": (len(t) - 1) / (t[-1] - t[0]),
+        "ttft_1024_ms": 1e3 * statistics.median(ttfts[1:]),
+    }
+
+
 def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
     config = NativeConfig(
         device="cuda",
@@ -128,20 +146,7 @@ def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
     res["streamed_weight_bytes"] = sum(p.numel() * p.element_size() for p in weights)
     rng = random.Random(1)
 
-    # Batch-1 decode (second run: the first compiles and warms everything).
-    for trial in range(2):
-        core.add_request(request(f"d{trial}", random_ids(rng, 32), 256))
-        t = drain(core)[f"d{trial}"]
-    res["b1_decode_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
-
-    # TTFT of a 1,024-token prompt on an idle engine.
-    ttfts = []
-    for trial in range(6):
-        core.add_request(request(f"t{trial}", random_ids(rng, 1024), 1))
-        start = time.perf_counter()
-        drain(core)
-        ttfts.append(time.perf_counter() - start)
-    res["ttft_1024_ms"] = 1e3 * statistics.median(ttfts[1:])
+    res.update(decode_and_ttft(core, rng))
 
     # Decode step time by batch size.
     steps, replay = {}, {}

@@ -19,7 +19,6 @@ import json
 import logging
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.native_gpu import LLAMA_31_8B, drain, random_ids, request
+from benchmarks.native_gpu import LLAMA_31_8B, decode_and_ttft, drain, random_ids, request
 from stator.engines.native.config import NativeConfig
 from stator.engines.native.engine_core import EngineCore
 
@@ -67,17 +66,7 @@ def bench(size: int, args: argparse.Namespace, model_dir: Path) -> dict:
     res["kv_blocks"] = core.blocks.num_blocks
     rng = random.Random(1)
     try:
-        for trial in range(2):
-            core.add_request(request(f"d{trial}", random_ids(rng, 32), 256))
-            t = drain(core)[f"d{trial}"]
-        res["b1_decode_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
-        ttfts = []
-        for trial in range(6):
-            core.add_request(request(f"t{trial}", random_ids(rng, 1024), 1))
-            start = time.perf_counter()
-            drain(core)
-            ttfts.append(time.perf_counter() - start)
-        res["ttft_1024_ms"] = 1e3 * statistics.median(ttfts[1:])
+        res.update(decode_and_ttft(core, rng))
         res["step_ms"] = {bs: decode_step_ms(core, rng, bs) for bs in args.batch_sizes}
     finally:
         core.close()

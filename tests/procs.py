@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,3 +35,20 @@ def stator_process(*args: str, env: dict[str, str] | None = None, **kwargs) -> s
         cwd=REPO,
         **kwargs,
     )
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 90.0) -> None:
+    """Poll `GET /health` on a started `stator run`/`stator frontend` until it answers 200;
+    fail the test if the process exits first or the timeout passes."""
+    import httpx  # a test dependency; only the tests that start servers need it
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, f"stator exited early with code {proc.returncode}"
+        assert time.monotonic() < deadline, f"stator never became healthy on port {port}"
+        time.sleep(0.3)

@@ -6,13 +6,11 @@ worker host, the model card and the frontend."""
 from __future__ import annotations
 
 import json
-import time
 
-import httpx
 import openai
 import pytest
 
-from tests.procs import free_port, stator_process
+from tests.procs import free_port, stator_process, wait_healthy
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 WEATHER = {
@@ -36,16 +34,7 @@ def test_stator_run_parses_tool_calls_of_an_echoing_mocker(tiny_model_dir):
         "--port", str(port),
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, "stator run exited early"
-            assert time.monotonic() < deadline, "stator run never became healthy"
-            time.sleep(0.3)
+        wait_healthy(proc, port, timeout=90)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
         messages = [{"role": "user", "content": CALL}]
         r = client.chat.completions.create(model="echo/hermes", messages=messages, tools=[WEATHER])

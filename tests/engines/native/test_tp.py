@@ -292,7 +292,7 @@ def _rank_pids(marker: str) -> list[int]:
 def test_stator_run_serves_with_tensor_parallelism_and_stops_its_ranks(checkpoints):
     import httpx
 
-    from tests.procs import free_port, stator_process
+    from tests.procs import free_port, stator_process, wait_healthy
 
     model_dir, _ = checkpoints("llama3")
     port = free_port()
@@ -308,16 +308,7 @@ def test_stator_run_serves_with_tensor_parallelism_and_stops_its_ranks(checkpoin
         "--port", str(port),
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, "stator run exited early"
-            assert time.monotonic() < deadline, "stator run never became healthy"
-            time.sleep(0.3)
+        wait_healthy(proc, port, timeout=120)
         assert len(_rank_pids(str(model_dir))) == 1
         body = {
             "model": "tiny-tp",
