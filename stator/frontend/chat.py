@@ -11,7 +11,12 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from stator.frontend import errors
-from stator.frontend.chat_parsed import open_parsers, parsed_chat_chunks, parsed_chat_result
+from stator.frontend.chat_parsed import (
+    chat_text_chunks,
+    open_parsers,
+    parsed_chat_chunks,
+    parsed_chat_result,
+)
 from stator.frontend.metrics import GenerationTracker
 from stator.frontend.openai_models import ChatCompletionRequest
 from stator.frontend.pipeline import (
@@ -37,7 +42,6 @@ from stator.frontend.streaming import (
     DONE,
     ClientGone,
     SSEResponse,
-    TextChunkTemplate,
     cancel_on_disconnect,
     client_gone_response,
     sse,
@@ -155,27 +159,13 @@ async def chat_chunks(
         )
     want_logprobs = bool(body.logprobs)
     # Chunks that only carry text (nearly all of them) come from a pre-split template.
-    templates: dict[int, TextChunkTemplate] = {}
-
-    def text_template(index: int) -> TextChunkTemplate:
-        return TextChunkTemplate(
-            lambda text: ChatCompletionChunk(
-                response_id,
-                created,
-                model,
-                [ChatChunkChoice(index=index, delta=ChatDelta(content=text))],
-                usage=usage_field,
-            )
-        )
+    text_chunks = chat_text_chunks(response_id, created, model, usage_field, "content")
 
     try:
         async for index, delta in merged_deltas(streams):
             tracker.output()
             if delta.finish_reason is None and not want_logprobs:
-                template = templates.get(index)
-                if template is None:
-                    template = templates[index] = text_template(index)
-                yield template.render(delta.text)
+                yield text_chunks.render(index, delta.text)
                 continue
             choice = ChatChunkChoice(
                 index=index,

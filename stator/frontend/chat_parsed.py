@@ -37,7 +37,7 @@ from stator.frontend.responses import (
     chat_usage,
     to_json,
 )
-from stator.frontend.streaming import DONE, TextChunkTemplate, sse, sse_error
+from stator.frontend.streaming import DONE, TextChunks, sse, sse_error
 from stator.llm.postprocess import Delta
 from stator.parsers import ParsedDelta, ToolCall, ToolCallDelta
 from stator.parsers.calls import assemble_calls
@@ -181,6 +181,21 @@ async def parsed_chat_result(
     )
 
 
+def chat_text_chunks(
+    response_id: str, created: int, model: str, usage: Any, *fields: str
+) -> TextChunks:
+    """The text-only chunks of a chat stream, the text in each of the delta's `fields`."""
+    return TextChunks(
+        lambda index, text: ChatCompletionChunk(
+            response_id,
+            created,
+            model,
+            [ChatChunkChoice(index=index, delta=ChatDelta(**dict.fromkeys(fields, text)))],
+            usage=usage,
+        )
+    )
+
+
 async def parsed_chat_chunks(
     body: ChatCompletionRequest,
     pipeline: ModelPipeline,
@@ -207,34 +222,10 @@ async def parsed_chat_chunks(
     calls: list[list[ToolCallDelta]] = [[] for _ in streams]
     # Chunks carrying only content, or only reasoning (nearly all of them), come from
     # pre-split templates, as on the plain path.
-    content_chunks: dict[int, TextChunkTemplate] = {}
-    reasoning_chunks: dict[int, TextChunkTemplate] = {}
-
-    def content_template(index: int) -> TextChunkTemplate:
-        return TextChunkTemplate(
-            lambda text: ChatCompletionChunk(
-                response_id,
-                created,
-                model,
-                [ChatChunkChoice(index=index, delta=ChatDelta(content=text))],
-                usage=usage_field,
-            )
-        )
-
-    def reasoning_template(index: int) -> TextChunkTemplate:
-        return TextChunkTemplate(
-            lambda text: ChatCompletionChunk(
-                response_id,
-                created,
-                model,
-                [
-                    ChatChunkChoice(
-                        index=index, delta=ChatDelta(reasoning_content=text, reasoning=text)
-                    )
-                ],
-                usage=usage_field,
-            )
-        )
+    content_chunks = chat_text_chunks(response_id, created, model, usage_field, "content")
+    reasoning_chunks = chat_text_chunks(
+        response_id, created, model, usage_field, "reasoning_content", "reasoning"
+    )
 
     try:
         async for index, delta in merged_deltas(streams):
@@ -243,15 +234,9 @@ async def parsed_chat_chunks(
             reasoning = parsed.reasoning if show_reasoning else ""
             if delta.finish_reason is None and not want_logprobs and not parsed.calls:
                 if parsed.content and not reasoning:
-                    template = content_chunks.get(index)
-                    if template is None:
-                        template = content_chunks[index] = content_template(index)
-                    yield template.render(parsed.content)
+                    yield content_chunks.render(index, parsed.content)
                 elif reasoning and not parsed.content:
-                    template = reasoning_chunks.get(index)
-                    if template is None:
-                        template = reasoning_chunks[index] = reasoning_template(index)
-                    yield template.render(reasoning)
+                    yield reasoning_chunks.render(index, reasoning)
                 elif reasoning:
                     yield chunk(
                         ChatChunkChoice(

@@ -35,7 +35,7 @@ from stator.frontend.streaming import (
     DONE,
     ClientGone,
     SSEResponse,
-    TextChunkTemplate,
+    TextChunks,
     cancel_on_disconnect,
     client_gone_response,
     sse,
@@ -175,18 +175,15 @@ class _Context:
         usage_field = None if body.include_usage else UNSET
         pending_echo = [bool(self.echoes[i // body.n]) for i in range(len(self.streams))]
         # Chunks that only carry text (nearly all of them) come from a pre-split template.
-        templates: dict[int, TextChunkTemplate] = {}
-
-        def text_template(index: int) -> TextChunkTemplate:
-            return TextChunkTemplate(
-                lambda text: Completion(
-                    self.id,
-                    self.created,
-                    model,
-                    [CompletionChoice(index=index, text=text, logprobs=None, finish_reason=None)],
-                    usage=usage_field,
-                )
+        text_chunks = TextChunks(
+            lambda index, text: Completion(
+                self.id,
+                self.created,
+                model,
+                [CompletionChoice(index=index, text=text, logprobs=None, finish_reason=None)],
+                usage=usage_field,
             )
+        )
 
         try:
             async for index, delta in merged_deltas(self.streams):
@@ -196,10 +193,7 @@ class _Context:
                     text = self.echoes[index // body.n] + text
                     pending_echo[index] = False
                 if delta.finish_reason is None and body.logprobs is None:
-                    template = templates.get(index)
-                    if template is None:
-                        template = templates[index] = text_template(index)
-                    yield template.render(text)
+                    yield text_chunks.render(index, text)
                     continue
                 logprobs = None
                 if body.logprobs is not None:

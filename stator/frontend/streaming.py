@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -155,6 +156,22 @@ class TextChunkTemplate:
 
 
 _encode_str = msgspec.json.Encoder().encode
+
+
+class TextChunks:
+    """The text-only chunks of one streamed response: one `TextChunkTemplate` per choice,
+    split on first use. `build(index, text)` makes choice `index`'s chunk around `text`."""
+
+    def __init__(self, build: Callable[[int, str], object]) -> None:
+        self._build = build
+        self._templates: dict[int, TextChunkTemplate] = {}
+
+    def render(self, index: int, text: str) -> bytes:
+        template = self._templates.get(index)
+        if template is None:
+            template = TextChunkTemplate(functools.partial(self._build, index))
+            self._templates[index] = template
+        return template.render(text)
 
 
 class ClientGone(Exception):
