@@ -10,10 +10,10 @@ the runtime (which serves no endpoints of its own, so that part is quick).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from stator.runtime import Runtime
+from stator.runtime.tasks import cancel_and_wait
 
 
 class FrontendDrain:
@@ -42,7 +42,5 @@ class FrontendDrain:
 
     async def shutdown(self, grace: float | None = 0.0) -> None:
         if not self.serving.done():
-            self.serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.serving
+            await cancel_and_wait([self.serving])
         await self.runtime.shutdown(grace)

@@ -21,6 +21,7 @@ from stator.protocols import ModelCard, decode
 from stator.router import RouterConfig
 from stator.runtime import Runtime
 from stator.runtime.names import EndpointName, models_prefix
+from stator.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,7 @@ class ModelManager:
 
     async def close(self) -> None:
         if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task
+            await cancel_and_wait([self._watch_task])
             self._watch_task = None
         entries, self.models = list(self.models.values()), {}
         for entry in entries:

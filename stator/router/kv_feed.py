@@ -8,7 +8,6 @@ discovered or a gap shows in its events (unless the workers' engine cannot send 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import msgspec
@@ -18,6 +17,7 @@ from stator.router.kv_sync import KvEventSync
 from stator.router.metrics import RouterMetrics
 from stator.runtime import Client, Runtime
 from stator.runtime.errors import RuntimeErrorBase
+from stator.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,6 @@ class KvEventFeed:
         return None
 
     async def close(self) -> None:
-        tasks = [t for t in [self._task, *self._resyncs.values()] if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait([self._task, *self._resyncs.values()])
         if self._admin is not None:
             await self._admin.close()

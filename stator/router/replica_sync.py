@@ -27,6 +27,7 @@ import msgspec
 from stator.router.kv_index import WorkerKey
 from stator.router.load import LoadTracker
 from stator.runtime import Runtime
+from stator.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -185,11 +186,7 @@ class ReplicaSync:
         )
 
     async def close(self) -> None:
-        for task in (self._heartbeat, self._task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await cancel_and_wait([self._heartbeat, self._task])
         for task in list(self._pending):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

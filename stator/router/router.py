@@ -10,7 +10,6 @@ events and load reports from the event plane, the admission queue.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -39,6 +38,7 @@ from stator.router.policies import SIMPLE_POLICIES, make_policy
 from stator.router.replica_sync import ReplicaSync
 from stator.runtime import Client, NoInstances, Runtime
 from stator.runtime.names import InstanceInfo
+from stator.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +127,7 @@ class Router:
         await ready.wait()
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self.feed is not None:
             await self.feed.close()

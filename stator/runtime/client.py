@@ -17,6 +17,7 @@ import msgspec
 from stator.protocols import decode
 from stator.runtime.errors import CannotConnect, NoInstances
 from stator.runtime.names import EndpointName, InstanceInfo, instance_id_from_key, instances_prefix
+from stator.runtime.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from stator.runtime.runtime import Runtime
@@ -123,7 +124,5 @@ class Client:
 
     async def close(self) -> None:
         if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task
+            await cancel_and_wait([self._watch_task])
             self._watch_task = None

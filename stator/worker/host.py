@@ -37,6 +37,7 @@ from stator.protocols import (
 )
 from stator.runtime import EngineShutdown, Runtime
 from stator.runtime.names import EndpointName
+from stator.runtime.tasks import cancel_and_wait
 from stator.worker.admin import AdminOps
 from stator.worker.card import build_card
 from stator.worker.config import WorkerConfig
@@ -125,11 +126,7 @@ class WorkerHost:
         drained = await self.runtime.drain(grace)
         self._card_key = None
         self.healthy = False
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self.status is not None:
             await self.status.stop()
