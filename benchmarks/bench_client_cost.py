@@ -14,6 +14,7 @@ so that neither takes the other's core. Prints every run, then the min and media
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +50,26 @@ def wait_ready(url: str, server: subprocess.Popen, timeout: float = 120) -> None
 def pinned(cmd: list[str], cpus: str | None) -> list[str]:
     """`cmd` run on the given CPUs (taskset; children inherit it), or as it is."""
     return ["taskset", "-c", cpus, *cmd] if cpus else cmd
+
+
+@contextlib.contextmanager
+def mocker_server(model_dir: Path, speedup: float, cpus: str | None) -> Iterator[str]:
+    """`stator run --engine mocker` on `model_dir` (on `cpus` if given), ready; its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        pinned([sys.executable, "-m", "stator", "--log-level", "WARNING", "run", "--engine",
+                "mocker", "--model", str(model_dir), "--served-model-name", "tiny",
+                "--host", "127.0.0.1", "--port", str(port),
+                "--speedup-ratio", str(speedup)], cpus),
+        env=repo_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_ready(url, server)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 def bench_once(args, url: str, model_dir: Path, concurrency: int, seed: int) -> dict:
@@ -80,17 +102,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp) / "tiny", max_position_embeddings=4096)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            pinned([sys.executable, "-m", "stator", "--log-level", "WARNING", "run", "--engine",
-                    "mocker", "--model", str(model_dir), "--served-model-name", "tiny",
-                    "--host", "127.0.0.1", "--port", str(port),
-                    "--speedup-ratio", str(args.speedup_ratio)], server_cpus),
-            env=repo_env(), cwd=REPO,
-        )  # fmt: skip
-        try:
-            wait_ready(url, server)
+        with mocker_server(model_dir, args.speedup_ratio, server_cpus) as url:
             print(
                 "| c | run | client CPU ms/request (user + system) | req/s | TTFT p50 ms | errors |"
             )
@@ -107,9 +119,6 @@ def main() -> None:
                           f"{point['failed_requests']} |", flush=True)  # fmt: skip
                 print(f"| {c} | min / median | {min(costs):.3f} / "
                       f"{statistics.median(costs):.3f} | | | |", flush=True)  # fmt: skip
-        finally:
-            server.terminate()
-            server.wait(30)
 
 
 if __name__ == "__main__":

@@ -15,20 +15,17 @@ import cProfile
 import os
 import pstats
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench_client_cost import pinned, wait_ready
+from bench_client_cost import mocker_server
 
 from stator.bench.config import BenchConfig
 from stator.bench.http import HttpClient
 from stator.bench.runner import _Sender, closed_loop, loop_factory
 from stator.bench.workload import synthetic
 from tests.model_factory import make_model_dir
-from tests.procs import REPO, free_port, repo_env
 
 
 async def measure(args, url: str, model_dir: Path, seed: int) -> None:
@@ -73,26 +70,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp) / "tiny", max_position_embeddings=4096)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            pinned([sys.executable, "-m", "stator", "--log-level", "WARNING", "run", "--engine",
-                    "mocker", "--model", str(model_dir), "--served-model-name", "tiny",
-                    "--host", "127.0.0.1", "--port", str(port),
-                    "--speedup-ratio", str(args.speedup_ratio)], "0" if args.pin else None),
-            env=repo_env(), cwd=REPO, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            wait_ready(url, server)
+        with mocker_server(model_dir, args.speedup_ratio, "0" if args.pin else None) as url:
             if args.pin:
                 os.sched_setaffinity(0, {1})
             factory = None if args.asyncio else loop_factory()
             for k in range(args.repeats):
                 with asyncio.Runner(loop_factory=factory) as runner:
                     runner.run(measure(args, url, model_dir, seed=k))
-        finally:
-            server.terminate()
-            server.wait(30)
 
 
 if __name__ == "__main__":
