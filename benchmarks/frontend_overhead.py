@@ -258,6 +258,13 @@ def main() -> None:
         "the servers, so that on a box with few cores its own wait for a CPU is not "
         "counted as added TTFT; needs root)",
     )
+    parser.add_argument(
+        "--pin",
+        nargs=3,
+        metavar=("CLIENT", "FRONTEND", "WORKER"),
+        help="--processes, stator only: CPU lists (taskset's form: 3, 0-3, 0,2) that the "
+        "load generator, the frontend and the mocker worker run on, e.g. `--pin 0-3 4 5`",
+    )
     args = parser.parse_args()
 
     if args.processes:

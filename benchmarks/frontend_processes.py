@@ -31,6 +31,23 @@ from tests.model_factory import make_model_dir
 
 PROBES = str(Path(__file__).resolve().parent / "ttft_probes.py")
 
+# Runs a command with its CPU affinity set (os.sched_setaffinity, then exec): `taskset`
+# without needing util-linux on the host. Usage: python -c PIN_EXEC CPUS CMD...
+PIN_EXEC = (
+    "import os, sys\n"
+    "cpus = set()\n"
+    "for part in sys.argv[1].split(','):\n"
+    "    lo, _, hi = part.partition('-')\n"
+    "    cpus.update(range(int(lo), int(hi or lo) + 1))\n"
+    "os.sched_setaffinity(0, cpus)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def pinned(cpus: str | None, cmd: list[str]) -> list[str]:
+    """`cmd`, run on the CPUs of the list `cpus` ("4" or "0-3,8"), or as is when None."""
+    return cmd if cpus is None else [sys.executable, "-c", PIN_EXEC, cpus, *cmd]
+
 
 def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
     """mocker_fidelity's "procs" topology (`stator frontend` + one `stator worker
@@ -45,18 +62,19 @@ def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
     discovery = f"file:{run_dir / 'discovery'}"
     env = stator_env()
     stator = ["--log-level", "WARNING"]
-    server.start("mocker", [sys.executable, PROBES, "engine", str(run_dir / "engine.json"),
+    pin = args.pin or (None, None, None)
+    server.start("mocker", pinned(pin[2], [sys.executable, PROBES, "engine", str(run_dir / "engine.json"),
                             "--", *stator, "worker", "--engine", "mocker",
                             "--model", str(model_dir), "--served-model-name", "tiny",
                             "--discovery", discovery, "--host", "127.0.0.1",
-                            *mocker_flags(args)], env)  # fmt: skip
+                            *mocker_flags(args)]), env)  # fmt: skip
     frontend = [sys.executable, "-m", "stator"]
     if args.trace_frontend:
         frontend = [sys.executable, PROBES, "requests", str(run_dir / "requests.json"), "--"]
-    server.start("frontend", [*frontend, *stator, "frontend",
+    server.start("frontend", pinned(pin[1], [*frontend, *stator, "frontend",
                               "--discovery", discovery, "--host", "127.0.0.1",
                               "--http-host", "127.0.0.1",
-                              "--http-port", server.url.rsplit(":", 1)[1]], env)  # fmt: skip
+                              "--http-port", server.url.rsplit(":", 1)[1]]), env)  # fmt: skip
     return server
 
 
@@ -91,13 +109,20 @@ SERVERS = {"procs": ("stator frontend", stator_procs_server), "dynamo": ("dynamo
 
 
 def bench(
-    url: str, model_dir: Path, requests: int, concurrency: int, seed: int, nice: int = 0
+    url: str,
+    model_dir: Path,
+    requests: int,
+    concurrency: int,
+    seed: int,
+    nice: int = 0,
+    cpus: str | None = None,
 ) -> dict:
     """One `stator bench run` (the lightest client we have); its summary point. `nice`:
     the client's nice value (negative: scheduled ahead of the servers, so that its own
-    wait for a CPU is not counted as the server's latency)."""
+    wait for a CPU is not counted as the server's latency); `cpus`: the CPUs it runs on."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
+        client = pinned(cpus, [sys.executable])
+        cmd = [*(["nice", "-n", str(nice)] if nice else []), *client, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
                "--tokenizer", str(model_dir), "--isl", "512", "--osl", "64",
                "--concurrency", str(concurrency), "--num-requests", str(requests),
                "--seed", str(seed), "--no-progress", "--no-plots", "--out", out]  # fmt: skip
@@ -118,11 +143,13 @@ def measure(key: str, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
     windows = {}
     try:
         asyncio.run(wait_ready(server))
-        bench(server.url, model_dir, 64, 8, seed=1)  # warm up
+        client_cpus = args.pin[0] if args.pin else None
+        bench(server.url, model_dir, 64, 8, seed=1, cpus=client_cpus)  # warm up
         for c in args.concurrency:
             before = server.cpu()
             began = time.monotonic_ns()
-            point = bench(server.url, model_dir, args.requests, c, 1000 + c, args.client_nice)
+            point = bench(server.url, model_dir, args.requests, c, 1000 + c, args.client_nice,
+                          client_cpus)  # fmt: skip
             windows[c] = (began, time.monotonic_ns())
             after = server.cpu()
             cpu = {k: (after[k] - before[k]) / args.requests for k in after}
