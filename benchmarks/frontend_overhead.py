@@ -265,7 +265,17 @@ def main() -> None:
         help="--processes, stator only: CPU lists (taskset's form: 3, 0-3, 0,2) that the "
         "load generator, the frontend and the mocker worker run on, e.g. `--pin 0-3 4 5`",
     )
+    parser.add_argument(
+        "--api-server-count",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="--processes: run stator's frontend as `stator frontend --api-server-count N` "
+        "once per N given (its CPU summed over the N server processes)",
+    )
     args = parser.parse_args()
+    if args.trace_frontend and max(args.api_server_count) > 1:
+        parser.error("--trace-frontend traces one frontend process: use --api-server-count 1")
 
     if args.processes:
         from frontend_processes import compare_processes

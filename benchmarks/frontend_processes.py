@@ -20,6 +20,7 @@ from mocker_fidelity import (
     Prompts,
     Server,
     Workload,
+    cpu_seconds,
     dynamo_server,
     mocker_flags,
     run_in_process,
@@ -74,8 +75,34 @@ def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
     server.start("frontend", pinned(pin[1], [*frontend, *stator, "frontend",
                               "--discovery", discovery, "--host", "127.0.0.1",
                               "--http-host", "127.0.0.1",
-                              "--http-port", server.url.rsplit(":", 1)[1]]), env)  # fmt: skip
+                              "--http-port", server.url.rsplit(":", 1)[1],
+                              "--api-server-count", str(args.servers)]), env)  # fmt: skip
     return server
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is `pid` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def frontend_cpu(server: Server) -> dict[str, float]:
+    """`server.cpu()`, with the frontend's figure summed over its process and its
+    children: the `--api-server-count` servers (and multiprocessing's resource tracker,
+    idle). With one server there are none and this is `server.cpu()`."""
+    cpu = server.cpu()
+    if "frontend" in server.cpu_pids:
+        for pid in _children(server.cpu_pids["frontend"]):
+            cpu["frontend"] += cpu_seconds(pid)
+    return cpu
 
 
 # Per-request frontend stages (`ttft_probes.py requests`), in order, for --trace-frontend.
@@ -135,9 +162,10 @@ async def wait_ready(server: Server) -> None:
         await server.wait_ready(session)
 
 
-def measure(key: str, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
+def measure(key: str, servers: int, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
     """Start one system, load it at each concurrency; per concurrency: CPU, the summary
     and (stator) the engine's own TTFT p50 in ms, stamped in the worker."""
+    args.servers = servers
     server = SERVERS[key][1](args, model_dir, run_dir)
     out = {}
     windows = {}
@@ -146,12 +174,12 @@ def measure(key: str, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
         client_cpus = args.pin[0] if args.pin else None
         bench(server.url, model_dir, 64, 8, seed=1, cpus=client_cpus)  # warm up
         for c in args.concurrency:
-            before = server.cpu()
+            before = frontend_cpu(server)
             began = time.monotonic_ns()
             point = bench(server.url, model_dir, args.requests, c, 1000 + c, args.client_nice,
                           client_cpus)  # fmt: skip
             windows[c] = (began, time.monotonic_ns())
-            after = server.cpu()
+            after = frontend_cpu(server)
             cpu = {k: (after[k] - before[k]) / args.requests for k in after}
             out[c] = {"cpu": cpu, "point": point}
     finally:
@@ -173,10 +201,14 @@ def compare_processes(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="frontend-procs-"))
     model_dir = make_model_dir(work / "tiny", max_position_embeddings=32768)
     runs = []
-    for k, key in enumerate(args.systems.split(",")):
-        run_dir = work / f"{k + 1}-{key}"
+    # Each stator run once per --api-server-count value; Dynamo's frontend has no such flag.
+    plan = [(key, n) for key in args.systems.split(",")
+            for n in (args.api_server_count if key == "procs" else [1])]  # fmt: skip
+    for k, (key, n) in enumerate(plan):
+        run_dir = work / f"{k + 1}-{key}-{n}"
         run_dir.mkdir()
-        runs.append((f"{SERVERS[key][0]} #{k + 1}", measure(key, args, model_dir, run_dir)))
+        label = SERVERS[key][0] + (f" ×{n}" if n > 1 or len(args.api_server_count) > 1 else "")
+        runs.append((f"{label} #{k + 1}", measure(key, n, args, model_dir, run_dir)))
     # The engine's own TTFT is stamped in stator's worker (see stator_procs_server); the
     # same mocker driven in-process through the Engine API (plain asyncio, no HTTP, no
     # transport: what this script subtracted before) is printed beside it.
