@@ -68,13 +68,23 @@ def _run_api_servers(count, log_level, runtime_config, frontend_config, router_c
     with held:
         port = held.getsockname()[1]
         frontend_config = dataclasses.replace(frontend_config, http_port=port)
-        if not router_config.router_replica_sync:
+        if not router_config.router_replica_sync and _router_reads_load(router_config):
             log.info("--api-server-count %d: turning on --router-replica-sync", count)
             router_config = dataclasses.replace(router_config, router_replica_sync=True)
         log.info("%d frontend processes serving http://%s:%d", count, host, port)
         return run_api_servers(
             count, _serve_one, (log_level, runtime_config, frontend_config, router_config)
         )
+
+
+def _router_reads_load(config) -> bool:
+    """Whether the router's choices or admission read its booked load, which the servers
+    then must share. round-robin, random and direct without busy thresholds never do: for
+    them replica sync would be 3 messages per request sent and received for nothing."""
+    return config.router_mode in ("power-of-two", "least-loaded", "kv") or (
+        config.active_decode_blocks_threshold is not None
+        or config.active_prefill_tokens_threshold is not None
+    )
 
 
 def _serve_one(log_level, runtime_config, frontend_config, router_config) -> int:

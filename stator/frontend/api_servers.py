@@ -4,7 +4,7 @@ one HTTP port, so that the frontend's Python work spreads over N cores.
 Each process binds the port with SO_REUSEPORT (the kernel spreads new connections over
 the listening sockets), runs its own model manager and router, and keeps its router's
 bookings in step with the others' through replica sync (`--router-replica-sync`, turned on
-for them). This module is the supervisor around them: it holds the port, starts the
+by `stator frontend` where the router reads load). This module is the supervisor around them: it holds the port, starts the
 processes, forwards SIGTERM/SIGINT, and waits.
 
 A process that dies is logged and not restarted; the others keep serving (the kernel
@@ -40,7 +40,8 @@ class ApiServerConfig:
     api_server_count: int = option(
         1,
         "Frontend processes serving the HTTP port together (SO_REUSEPORT), each with its "
-        "own router, bookings shared through --router-replica-sync (turned on for them); "
+        "own router, bookings shared through --router-replica-sync (turned on for them "
+        "where the router mode reads load); "
         "/metrics is per process",
     )
 

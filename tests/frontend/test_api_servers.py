@@ -114,7 +114,9 @@ def test_two_servers_share_the_port_and_one_dying_leaves_the_other_serving(tmp_p
     fleet = Fleet(tmp_path)
     try:
         discovery = f"file:{tmp_path / 'discovery'}"
-        supervisor, url = fleet.frontend(discovery, "zmq", "--api-server-count", "2")
+        supervisor, url = fleet.frontend(
+            discovery, "zmq", "--api-server-count", "2", "--router-mode", "least-loaded"
+        )
         port = int(url.rsplit(":", 1)[1])
         worker = fleet.mocker_worker(discovery, "zmq", "--speedup-ratio", "10")
         procs = [supervisor, worker]
@@ -128,6 +130,7 @@ def test_two_servers_share_the_port_and_one_dying_leaves_the_other_serving(tmp_p
         # Both serve: every server has its own router, and each must see the worker.
         for _ in range(12):
             _chat(url)
+        # least-loaded reads booked load, so the servers share it.
         assert "turning on --router-replica-sync" in supervisor.output()
 
         os.kill(servers[0], signal.SIGKILL)
@@ -148,3 +151,15 @@ def test_two_servers_share_the_port_and_one_dying_leaves_the_other_serving(tmp_p
         assert f"(pid {servers[1]}) exited with 0" in supervisor.output()
     finally:
         fleet.close()
+
+
+def test_replica_sync_is_on_only_where_the_router_reads_load():
+    from stator.cli.frontend import _router_reads_load
+    from stator.router import RouterConfig
+
+    assert not _router_reads_load(RouterConfig())  # round-robin
+    assert not _router_reads_load(RouterConfig(router_mode="random"))
+    for mode in ("power-of-two", "least-loaded", "kv"):
+        assert _router_reads_load(RouterConfig(router_mode=mode))
+    assert _router_reads_load(RouterConfig(active_prefill_tokens_threshold=4096))
+    assert _router_reads_load(RouterConfig(active_decode_blocks_threshold=0.9))
