@@ -220,9 +220,13 @@ def compare_processes(args: argparse.Namespace) -> None:
     inproc, _ = asyncio.run(run_in_process(args, model_dir, loads))
     print(f"(run directories under {work})", file=sys.stderr)
 
+    # "cores busy": CPU per request × requests per second, the CPU time each process
+    # used per second of the run (1.0: one core, all the time; a one-process frontend or
+    # worker near 1 is saturated, and requests queue for it).
     print("| system (run order) | concurrency | frontend CPU ms/request | mocker CPU ms/request "
-          "| req/s | client TTFT p50 ms | engine TTFT p50 ms | added TTFT p50 ms | ITL p50 ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| client CPU ms/request | req/s | frontend cores busy | mocker cores busy "
+          "| client TTFT p50 ms | engine TTFT p50 ms | added TTFT p50 ms | ITL p50 ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for w in loads:
         in_worker = [r[w.concurrency]["engine_ttft"] for _, r in runs
                      if "engine_ttft" in r[w.concurrency]]  # fmt: skip
@@ -233,8 +237,11 @@ def compare_processes(args: argparse.Namespace) -> None:
             cpu, point = result[w.concurrency]["cpu"], result[w.concurrency]["point"]
             engine_ttft = result[w.concurrency].get("engine_ttft", fallback)
             ttft = point["time_to_first_token"]["p50"]
-            row = [label, w.concurrency, 1000 * cpu["frontend"], 1000 * cpu["mocker"],
-                   point["request_throughput"]["avg"], ttft, engine_ttft, ttft - engine_ttft,
+            rate = point["request_throughput"]["avg"]
+            client = point.get("client_cpu_per_request", {}).get("avg", float("nan"))
+            row = [label, w.concurrency, 1000 * cpu["frontend"], 1000 * cpu["mocker"], client,
+                   rate, cpu["frontend"] * rate, cpu["mocker"] * rate,
+                   ttft, engine_ttft, ttft - engine_ttft,
                    point["inter_token_latency"]["p50"]]  # fmt: skip
             print("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v)
                                     for v in row) + " |")  # fmt: skip
