@@ -273,6 +273,12 @@ def main() -> None:
         help="--processes: run stator's frontend as `stator frontend --api-server-count N` "
         "once per N given (its CPU summed over the N server processes)",
     )
+    parser.add_argument(
+        "--frontend-flags",
+        default="",
+        help="--processes: more flags for `stator frontend`, one string, e.g. "
+        '"--router-mode least-loaded"',
+    )
     args = parser.parse_args()
     if args.trace_frontend and max(args.api_server_count) > 1:
         parser.error("--trace-frontend traces one frontend process: use --api-server-count 1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -76,7 +77,8 @@ def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
                               "--discovery", discovery, "--host", "127.0.0.1",
                               "--http-host", "127.0.0.1",
                               "--http-port", server.url.rsplit(":", 1)[1],
-                              "--api-server-count", str(args.servers)]), env)  # fmt: skip
+                              "--api-server-count", str(args.servers),
+                              *shlex.split(args.frontend_flags)]), env)  # fmt: skip
     return server
 
 
