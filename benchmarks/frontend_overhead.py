@@ -19,6 +19,13 @@ same prompts and concurrency; Dynamo's mocker uses the same timing polynomials).
 
     python benchmarks/frontend_overhead.py --processes --requests 400 --concurrency 8 64 \\
         --systems procs,dynamo,procs,dynamo
+
+On a machine with cores to spare, `--pin CLIENT FRONTEND WORKER` keeps the three on CPUs
+of their own, and `--api-server-count 1 2 4` runs stator's frontend with N HTTP processes
+(`stator frontend --api-server-count N`), once per N:
+
+    python benchmarks/frontend_overhead.py --processes --systems procs,procs \\
+        --api-server-count 1 2 4 --pin 1 3-6 8 --concurrency 8 64 --client-nice -10
 """
 
 from __future__ import annotations
