@@ -19,6 +19,13 @@ same prompts and concurrency; Dynamo's mocker uses the same timing polynomials).
 
     python benchmarks/frontend_overhead.py --processes --requests 400 --concurrency 8 64 \\
         --systems procs,dynamo,procs,dynamo
+
+On a machine with cores to spare, `--pin CLIENT FRONTEND WORKER` keeps the three on CPUs
+of their own, and `--api-server-count 1 2 4` runs stator's frontend with N HTTP processes
+(`stator frontend --api-server-count N`), once per N:
+
+    python benchmarks/frontend_overhead.py --processes --systems procs,procs \\
+        --api-server-count 1 2 4 --pin 1 3-6 8 --concurrency 8 64 --client-nice -10
 """
 
 from __future__ import annotations
@@ -258,7 +265,30 @@ def main() -> None:
         "the servers, so that on a box with few cores its own wait for a CPU is not "
         "counted as added TTFT; needs root)",
     )
+    parser.add_argument(
+        "--pin",
+        nargs=3,
+        metavar=("CLIENT", "FRONTEND", "WORKER"),
+        help="--processes, stator only: CPU lists (taskset's form: 3, 0-3, 0,2) that the "
+        "load generator, the frontend and the mocker worker run on, e.g. `--pin 0-3 4 5`",
+    )
+    parser.add_argument(
+        "--api-server-count",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="--processes: run stator's frontend as `stator frontend --api-server-count N` "
+        "once per N given (its CPU summed over the N server processes)",
+    )
+    parser.add_argument(
+        "--frontend-flags",
+        default="",
+        help="--processes: more flags for `stator frontend`, one string, e.g. "
+        '"--router-mode least-loaded"',
+    )
     args = parser.parse_args()
+    if args.trace_frontend and max(args.api_server_count) > 1:
+        parser.error("--trace-frontend traces one frontend process: use --api-server-count 1")
 
     if args.processes:
         from frontend_processes import compare_processes

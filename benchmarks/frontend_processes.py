@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from mocker_fidelity import (
     Prompts,
     Server,
     Workload,
+    cpu_seconds,
     dynamo_server,
     mocker_flags,
     run_in_process,
@@ -30,6 +32,23 @@ from tokenizers import Tokenizer
 from tests.model_factory import make_model_dir
 
 PROBES = str(Path(__file__).resolve().parent / "ttft_probes.py")
+
+# Runs a command with its CPU affinity set (os.sched_setaffinity, then exec): `taskset`
+# without needing util-linux on the host. Usage: python -c PIN_EXEC CPUS CMD...
+PIN_EXEC = (
+    "import os, sys\n"
+    "cpus = set()\n"
+    "for part in sys.argv[1].split(','):\n"
+    "    lo, _, hi = part.partition('-')\n"
+    "    cpus.update(range(int(lo), int(hi or lo) + 1))\n"
+    "os.sched_setaffinity(0, cpus)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def pinned(cpus: str | None, cmd: list[str]) -> list[str]:
+    """`cmd`, run on the CPUs of the list `cpus` ("4" or "0-3,8"), or as is when None."""
+    return cmd if cpus is None else [sys.executable, "-c", PIN_EXEC, cpus, *cmd]
 
 
 def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
@@ -45,19 +64,47 @@ def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
     discovery = f"file:{run_dir / 'discovery'}"
     env = stator_env()
     stator = ["--log-level", "WARNING"]
-    server.start("mocker", [sys.executable, PROBES, "engine", str(run_dir / "engine.json"),
+    pin = args.pin or (None, None, None)
+    server.start("mocker", pinned(pin[2], [sys.executable, PROBES, "engine", str(run_dir / "engine.json"),
                             "--", *stator, "worker", "--engine", "mocker",
                             "--model", str(model_dir), "--served-model-name", "tiny",
                             "--discovery", discovery, "--host", "127.0.0.1",
-                            *mocker_flags(args)], env)  # fmt: skip
+                            *mocker_flags(args)]), env)  # fmt: skip
     frontend = [sys.executable, "-m", "stator"]
     if args.trace_frontend:
         frontend = [sys.executable, PROBES, "requests", str(run_dir / "requests.json"), "--"]
-    server.start("frontend", [*frontend, *stator, "frontend",
+    server.start("frontend", pinned(pin[1], [*frontend, *stator, "frontend",
                               "--discovery", discovery, "--host", "127.0.0.1",
                               "--http-host", "127.0.0.1",
-                              "--http-port", server.url.rsplit(":", 1)[1]], env)  # fmt: skip
+                              "--http-port", server.url.rsplit(":", 1)[1],
+                              "--api-server-count", str(args.servers),
+                              *shlex.split(args.frontend_flags)]), env)  # fmt: skip
     return server
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is `pid` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def frontend_cpu(server: Server) -> dict[str, float]:
+    """`server.cpu()`, with the frontend's figure summed over its process and its
+    children: the `--api-server-count` servers (and multiprocessing's resource tracker,
+    idle). With one server there are none and this is `server.cpu()`."""
+    cpu = server.cpu()
+    if "frontend" in server.cpu_pids:
+        for pid in _children(server.cpu_pids["frontend"]):
+            cpu["frontend"] += cpu_seconds(pid)
+    return cpu
 
 
 # Per-request frontend stages (`ttft_probes.py requests`), in order, for --trace-frontend.
@@ -91,13 +138,20 @@ SERVERS = {"procs": ("stator frontend", stator_procs_server), "dynamo": ("dynamo
 
 
 def bench(
-    url: str, model_dir: Path, requests: int, concurrency: int, seed: int, nice: int = 0
+    url: str,
+    model_dir: Path,
+    requests: int,
+    concurrency: int,
+    seed: int,
+    nice: int = 0,
+    cpus: str | None = None,
 ) -> dict:
     """One `stator bench run` (the lightest client we have); its summary point. `nice`:
     the client's nice value (negative: scheduled ahead of the servers, so that its own
-    wait for a CPU is not counted as the server's latency)."""
+    wait for a CPU is not counted as the server's latency); `cpus`: the CPUs it runs on."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
+        client = pinned(cpus, [sys.executable])
+        cmd = [*(["nice", "-n", str(nice)] if nice else []), *client, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
                "--tokenizer", str(model_dir), "--isl", "512", "--osl", "64",
                "--concurrency", str(concurrency), "--num-requests", str(requests),
                "--seed", str(seed), "--no-progress", "--no-plots", "--out", out]  # fmt: skip
@@ -110,21 +164,24 @@ async def wait_ready(server: Server) -> None:
         await server.wait_ready(session)
 
 
-def measure(key: str, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
+def measure(key: str, servers: int, args, model_dir: Path, run_dir: Path) -> dict[int, dict]:
     """Start one system, load it at each concurrency; per concurrency: CPU, the summary
     and (stator) the engine's own TTFT p50 in ms, stamped in the worker."""
+    args.servers = servers
     server = SERVERS[key][1](args, model_dir, run_dir)
     out = {}
     windows = {}
     try:
         asyncio.run(wait_ready(server))
-        bench(server.url, model_dir, 64, 8, seed=1)  # warm up
+        client_cpus = args.pin[0] if args.pin else None
+        bench(server.url, model_dir, 64, 8, seed=1, cpus=client_cpus)  # warm up
         for c in args.concurrency:
-            before = server.cpu()
+            before = frontend_cpu(server)
             began = time.monotonic_ns()
-            point = bench(server.url, model_dir, args.requests, c, 1000 + c, args.client_nice)
+            point = bench(server.url, model_dir, args.requests, c, 1000 + c, args.client_nice,
+                          client_cpus)  # fmt: skip
             windows[c] = (began, time.monotonic_ns())
-            after = server.cpu()
+            after = frontend_cpu(server)
             cpu = {k: (after[k] - before[k]) / args.requests for k in after}
             out[c] = {"cpu": cpu, "point": point}
     finally:
@@ -146,10 +203,14 @@ def compare_processes(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="frontend-procs-"))
     model_dir = make_model_dir(work / "tiny", max_position_embeddings=32768)
     runs = []
-    for k, key in enumerate(args.systems.split(",")):
-        run_dir = work / f"{k + 1}-{key}"
+    # Each stator run once per --api-server-count value; Dynamo's frontend has no such flag.
+    plan = [(key, n) for key in args.systems.split(",")
+            for n in (args.api_server_count if key == "procs" else [1])]  # fmt: skip
+    for k, (key, n) in enumerate(plan):
+        run_dir = work / f"{k + 1}-{key}-{n}"
         run_dir.mkdir()
-        runs.append((f"{SERVERS[key][0]} #{k + 1}", measure(key, args, model_dir, run_dir)))
+        label = SERVERS[key][0] + (f" ×{n}" if n > 1 or len(args.api_server_count) > 1 else "")
+        runs.append((f"{label} #{k + 1}", measure(key, n, args, model_dir, run_dir)))
     # The engine's own TTFT is stamped in stator's worker (see stator_procs_server); the
     # same mocker driven in-process through the Engine API (plain asyncio, no HTTP, no
     # transport: what this script subtracted before) is printed beside it.
@@ -161,9 +222,13 @@ def compare_processes(args: argparse.Namespace) -> None:
     inproc, _ = asyncio.run(run_in_process(args, model_dir, loads))
     print(f"(run directories under {work})", file=sys.stderr)
 
+    # "cores busy": CPU per request × requests per second, the CPU time each process
+    # used per second of the run (1.0: one core, all the time; a one-process frontend or
+    # worker near 1 is saturated, and requests queue for it).
     print("| system (run order) | concurrency | frontend CPU ms/request | mocker CPU ms/request "
-          "| req/s | client TTFT p50 ms | engine TTFT p50 ms | added TTFT p50 ms | ITL p50 ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| client CPU ms/request | req/s | frontend cores busy | mocker cores busy "
+          "| client TTFT p50 ms | engine TTFT p50 ms | added TTFT p50 ms | ITL p50 ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for w in loads:
         in_worker = [r[w.concurrency]["engine_ttft"] for _, r in runs
                      if "engine_ttft" in r[w.concurrency]]  # fmt: skip
@@ -174,8 +239,11 @@ def compare_processes(args: argparse.Namespace) -> None:
             cpu, point = result[w.concurrency]["cpu"], result[w.concurrency]["point"]
             engine_ttft = result[w.concurrency].get("engine_ttft", fallback)
             ttft = point["time_to_first_token"]["p50"]
-            row = [label, w.concurrency, 1000 * cpu["frontend"], 1000 * cpu["mocker"],
-                   point["request_throughput"]["avg"], ttft, engine_ttft, ttft - engine_ttft,
+            rate = point["request_throughput"]["avg"]
+            client = point.get("client_cpu_per_request", {}).get("avg", float("nan"))
+            row = [label, w.concurrency, 1000 * cpu["frontend"], 1000 * cpu["mocker"], client,
+                   rate, cpu["frontend"] * rate, cpu["mocker"] * rate,
+                   ttft, engine_ttft, ttft - engine_ttft,
                    point["inter_token_latency"]["p50"]]  # fmt: skip
             print("| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v)
                                     for v in row) + " |")  # fmt: skip

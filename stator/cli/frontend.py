@@ -1,15 +1,21 @@
 """`stator frontend`: the OpenAI-compatible HTTP server. It discovers models from the
-workers' model cards and routes requests to them."""
+workers' model cards and routes requests to them. With `--api-server-count N`, N such
+processes serve the port together (`stator.frontend.api_servers`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
 
 from stator.config import add_flags, from_args
 
+log = logging.getLogger(__name__)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from stator.frontend.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
     from stator.runtime import RuntimeConfig
@@ -20,12 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
     )
     add_flags(parser.add_argument_group("HTTP"), FrontendConfig)
+    add_flags(parser.add_argument_group("HTTP processes"), ApiServerConfig)
     add_flags(parser.add_argument_group("runtime"), RuntimeConfig)
     add_flags(parser.add_argument_group("router"), RouterConfig)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from stator.frontend.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
     from stator.runtime import RuntimeConfig, run_main
@@ -33,10 +41,62 @@ def run(args: argparse.Namespace) -> int:
     frontend_config = from_args(FrontendConfig, args)
     runtime_config = from_args(RuntimeConfig, args)
     router_config = from_args(RouterConfig, args)
-    return run_main(lambda: _main(runtime_config, frontend_config, router_config))
+    servers = from_args(ApiServerConfig, args)
+    try:
+        servers.validate()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    if servers.api_server_count == 1:
+        return run_main(lambda: _main(runtime_config, frontend_config, router_config))
+    return _run_api_servers(
+        servers.api_server_count, args.log_level, runtime_config, frontend_config, router_config
+    )
 
 
-async def _main(runtime_config, frontend_config, router_config) -> int:
+def _run_api_servers(count, log_level, runtime_config, frontend_config, router_config) -> int:
+    from stator.frontend.api_servers import reuse_port_socket, run_api_servers
+
+    host = frontend_config.http_host
+    try:
+        # Held (bound, not listening) while the servers run: it turns port 0 into one
+        # port for all of them, and a port another program holds fails here, once.
+        held = reuse_port_socket(host, frontend_config.http_port)
+    except OSError as exc:
+        log.error("cannot bind %s:%d: %s", host, frontend_config.http_port, exc)
+        return 1
+    with held:
+        port = held.getsockname()[1]
+        frontend_config = dataclasses.replace(frontend_config, http_port=port)
+        if not router_config.router_replica_sync and _router_reads_load(router_config):
+            log.info("--api-server-count %d: turning on --router-replica-sync", count)
+            router_config = dataclasses.replace(router_config, router_replica_sync=True)
+        log.info("%d frontend processes serving http://%s:%d", count, host, port)
+        return run_api_servers(
+            count, _serve_one, (log_level, runtime_config, frontend_config, router_config)
+        )
+
+
+def _router_reads_load(config) -> bool:
+    """Whether the router's choices or admission read its booked load, which the servers
+    then must share. round-robin, random and direct without busy thresholds never do: for
+    them replica sync would be 3 messages per request sent and received for nothing."""
+    return config.router_mode in ("power-of-two", "least-loaded", "kv") or (
+        config.active_decode_blocks_threshold is not None
+        or config.active_prefill_tokens_threshold is not None
+    )
+
+
+def _serve_one(log_level, runtime_config, frontend_config, router_config) -> int:
+    """One of the `--api-server-count` processes (a fresh interpreter)."""
+    from stator.logs import setup_logging
+    from stator.runtime import run_main
+
+    setup_logging(log_level)
+    return run_main(lambda: _main(runtime_config, frontend_config, router_config, reuse_port=True))
+
+
+async def _main(runtime_config, frontend_config, router_config, reuse_port=False) -> int:
     """Serve under the runtime's `Lifecycle`, as workers do: SIGTERM/SIGINT stop HTTP
     service gracefully (in-flight responses finish) and exit 0; a second signal cuts the
     grace short; a serving failure (e.g. the port is taken) exits 1."""
@@ -47,7 +107,14 @@ async def _main(runtime_config, frontend_config, router_config) -> int:
     runtime = await Runtime.create(runtime_config)
     stop = asyncio.Event()
     serving = asyncio.ensure_future(
-        serve_frontend(runtime, frontend_config, router_config, stop=stop, handle_signals=False)
+        serve_frontend(
+            runtime,
+            frontend_config,
+            router_config,
+            stop=stop,
+            handle_signals=False,
+            reuse_port=reuse_port,
+        )
     )
     drain = FrontendDrain(runtime, stop, serving)
     lifecycle = Lifecycle(drain, grace=runtime_config.graceful_shutdown_timeout)

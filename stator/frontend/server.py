@@ -54,10 +54,14 @@ class RunningFrontend:
         return f"http://{self.host}:{self.port}"
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket; with `reuse_port`, one of several processes' on the same port
+    (SO_REUSEPORT: the kernel spreads new connections over them)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
     sock.setblocking(False)
@@ -124,15 +128,18 @@ async def serve_frontend(
     *,
     stop: asyncio.Event | None = None,
     handle_signals: bool = True,
+    reuse_port: bool = False,
 ) -> None:
     """Serve until `stop` is set or, with `handle_signals`, until SIGINT/SIGTERM; then
     let in-flight HTTP requests finish (uvicorn's graceful shutdown) and close the model
-    manager. The caller owns `runtime` and shuts it down afterwards."""
+    manager. The caller owns `runtime` and shuts it down afterwards. `reuse_port`: bind
+    with SO_REUSEPORT, as one of several processes serving the port
+    (`stator frontend --api-server-count`)."""
     metrics = FrontendMetrics()
     manager = ModelManager(runtime, router_config, metrics)
     await manager.start()
     app = create_app(manager, metrics, frontend_config)
-    sock = _bind(frontend_config.http_host, frontend_config.http_port)
+    sock = _bind(frontend_config.http_host, frontend_config.http_port, reuse_port)
     # In-flight responses get the runtime's grace period (--graceful-shutdown-timeout).
     grace = runtime.config.graceful_shutdown_timeout
     server = _EmbeddedServer(_uvicorn_config(app, frontend_config, grace))

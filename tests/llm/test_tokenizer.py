@@ -4,6 +4,8 @@ import asyncio
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stator.llm.tokenizer import OFF_LOOP_CHARS, Tokenizer, TokenizerError, read_model_files
 from tests.model_factory import SPECIAL_TOKENS, make_model_dir
@@ -105,3 +107,63 @@ async def test_long_encode_leaves_the_event_loop_free(tiny_model_dir):
     ticker.cancel()
     assert ids == tok.encode(text)
     assert during > 10
+
+
+# Texts where a shortcut in encoding would show: multi-byte characters, whitespace runs,
+# special-token strings (whole, adjacent, broken), control characters, the empty string.
+VARIED_TEXTS = [
+    "",
+    " ",
+    "hello world",
+    "  leading and trailing spaces   ",
+    "tabs\tand\nnewlines\r\n\n\n  \t mixed",
+    "你好，世界！ こんにちは 안녕하세요 Привет мир",
+    "emoji 🎉🎉 👩‍👩‍👧 flags 🇫🇷 and combining é (e\u0301)",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "<s></s><pad><unk><|im_end|><|im_end|>",
+    "almost special: <|im_start| <|im_end |> < s> <|im_start|><|im_star",
+    "def f(x):\n    return x ** 2  # comment\n\n\nclass A: pass",
+    "\x00\x01 control \u200b zero width \ufeff bom",
+    "1234567890 3.14159 -42 0x1f 1e-9",
+]
+
+
+@pytest.fixture(scope="module")
+def both_tokenizers(tmp_path_factory):
+    from tests.llm.sentencepiece_style import make_byte_fallback_dir
+
+    base = tmp_path_factory.mktemp("tokenizers")
+    return [
+        Tokenizer.from_dir(make_model_dir(base / "byte_level")),
+        Tokenizer.from_dir(make_byte_fallback_dir(base / "byte_fallback")),
+    ]
+
+
+def test_encode_ids_equal_tokenizers_encode(both_tokenizers):
+    """`encode` takes tokenizers' offset-free batch path: the ids must be exactly those of
+    `tokenizers.Tokenizer.encode`, for byte-level and byte-fallback tokenizers alike."""
+    long_prompt = " ".join(VARIED_TEXTS) * 40  # several thousand tokens
+    for tok in both_tokenizers:
+        for text in [*VARIED_TEXTS, long_prompt]:
+            for special in (False, True):
+                expected = tok.inner.encode(text, add_special_tokens=special).ids
+                assert tok.encode(text, special) == expected, (text[:40], special)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            st.text(max_size=30),
+            st.sampled_from(["<|im_start|>", "<|im_end|>", "<s>", " ", "\n\n", "  \t"]),
+        ),
+        max_size=12,
+    ),
+    special=st.booleans(),
+)
+def test_encode_ids_equal_tokenizers_encode_on_random_text(both_tokenizers, pieces, special):
+    text = "".join(pieces)
+    for tok in both_tokenizers:
+        assert tok.encode(text, special) == tok.inner.encode(text, add_special_tokens=special).ids
