@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 _CRLF = -1  # chunked-body parser states (see `_Response._feed_body`)
@@ -46,7 +46,9 @@ class _Response(asyncio.Protocol):
         self.finished = False
         self.keep_alive = True
         self._error: Exception | None = None
-        self._sink: Callable[[float, bytes], None] | None = None
+        self._timed = False  # see `time_reads`
+        self._reads: list[bytes] = []
+        self._read_times: list[float] = []
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -55,8 +57,7 @@ class _Response(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
-        sink = self._sink
-        if sink is not None and self._remaining == 0 and not self._raw and self._chunked:
+        if self._timed and self._remaining == 0 and not self._raw and self._chunked:
             # The common case of a stream: the read is exactly one whole chunk (a server
             # writes each event as one). Anything else takes the general path below.
             end = data.find(b"\r\n")
@@ -67,7 +68,8 @@ class _Response(asyncio.Protocol):
                 except ValueError:
                     size = 0  # let the general path report it
                 if size and len(data) == start + size + 2 and data[-2:] == b"\r\n":
-                    sink(now, data[start:-2])
+                    self._reads.append(data[start:-2])
+                    self._read_times.append(now)
                     return
         try:
             if not self._head_done.done():
@@ -80,17 +82,17 @@ class _Response(asyncio.Protocol):
                 self._head_done.set_result(None)
             if data:
                 self._feed_body(data, now)
-                if self._sink is not None and self._body:
-                    self._flush_to_sink()
+                if self._timed and self._body:
+                    self._keep_read()
         except (ValueError, HttpError) as exc:
             self._error = HttpError(f"malformed HTTP response: {exc}")
             if not self._head_done.done():
                 self._head_done.set_exception(self._error)
             if self.transport is not None:
                 self.transport.close()
-        # With a sink the consumer only waits for the end: waking its task on every read
-        # would cost a task step (through every awaiting frame) per network read.
-        if self._sink is None or self.finished or self._error is not None:
+        # Timed, the consumer only waits for the end: waking its task on every read would
+        # cost a task step (through every awaiting frame) per network read.
+        if not self._timed or self.finished or self._error is not None:
             self._signal()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -166,23 +168,28 @@ class _Response(asyncio.Protocol):
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    def _flush_to_sink(self) -> None:
-        data = b"".join(self._body)
-        arrived = self._arrived or time.perf_counter()
-        self._body.clear()
+    def _keep_read(self) -> None:
+        """The body bytes of the latest read as one piece, with its arrival time."""
+        body = self._body
+        self._reads.append(body[0] if len(body) == 1 else b"".join(body))
+        self._read_times.append(self._arrived or time.perf_counter())
+        body.clear()
         self._arrived = None
-        assert self._sink is not None
-        self._sink(arrived, data)
 
     # -- consumer side ---------------------------------------------------------------
 
-    def deliver_to(self, sink: Callable[[float, bytes], None]) -> None:
-        """Hand body bytes to `sink(arrival time, data)` from the protocol callback itself,
-        as they arrive: no task switch per network read, which is most of a streaming
-        client's cost. Use `wait()` for the end of the response."""
-        self._sink = sink
-        if self._body:
-            self._flush_to_sink()
+    def time_reads(self) -> None:
+        """From now on keep the body as it came, one piece per network read with the time
+        the read arrived (`timed_reads`), and wake `wait()` only at the end: the consumer
+        parses the body once, not on every read, which would be most of a streaming
+        client's cost."""
+        self._timed = True
+        if self._body:  # (what came with the head)
+            self._keep_read()
+
+    def timed_reads(self) -> tuple[list[bytes], list[float]]:
+        """The body so far, one piece per read, and when each read arrived."""
+        return self._reads, self._read_times
 
     async def wait(self) -> None:
         """Until the whole body arrived (raises if the connection broke first)."""
