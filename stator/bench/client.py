@@ -164,11 +164,10 @@ async def _read_stream(
 
 def _parse_stream(resp: Any, record: RequestRecord, t0: float, pieces: list[str] | None) -> bool:
     """Fill `record` from the body received so far; True if it reached `[DONE]`."""
-    payloads, when = sse.data_events(*resp.timed_reads())
-    done = sse.done_index(payloads)
-    chunks, bad = sse.decode_events(payloads[:done], _decode_chunks, _decode_chunk)
+    events = sse.parse(*resp.timed_reads(), _decode_chunks, _decode_chunk)
+    when = events.times
     times = record.chunk_times
-    for chunk, at in zip(chunks, when, strict=False):
+    for chunk, at in zip(events.decoded, when, strict=False):
         if chunk.error is not None:
             record.error = str(chunk.error)[:500]
             break
@@ -181,10 +180,10 @@ def _parse_stream(resp: Any, record: RequestRecord, t0: float, pieces: list[str]
         if chunk.usage is not None:
             _apply_usage(record, chunk.usage)
     else:
-        if bad is not None:
-            record.error = f"undecodable event: {bad}"
-        elif done is not None:
-            record.latency = when[done] - t0
+        if events.error is not None:
+            record.error = f"undecodable event: {events.error}"
+        elif events.done is not None:
+            record.latency = when[events.done] - t0
     if times:
         record.ttft = times[0]
         record.ttst = times[1] if len(times) > 1 else None
@@ -192,7 +191,7 @@ def _parse_stream(resp: Any, record: RequestRecord, t0: float, pieces: list[str]
         record.error = "stream ended before data: [DONE]"
     if record.latency is None:
         record.latency = time.perf_counter() - t0
-    return done is not None
+    return events.done is not None
 
 
 _encode = msgspec.json.Encoder().encode

@@ -7,7 +7,7 @@ import random
 
 import msgspec
 
-from stator.bench.sse import DONE, data_events, decode_events, done_index
+from stator.bench.sse import DONE, _whole_events, data_events, decode_events, parse
 
 
 def stream(n: int, newline: bytes = b"\n") -> bytes:
@@ -74,6 +74,55 @@ def test_decode_in_one_call_or_find_the_bad_payload():
     assert events == [] and isinstance(bad, msgspec.DecodeError)
 
 
-def test_done_index():
-    assert done_index([b"{}", DONE, b"{}"]) == 1
-    assert done_index([b"{}"]) is None
+def general(reads: list[bytes], times: list[float]) -> tuple:
+    """What `parse` must give: the line-by-line path alone."""
+    payloads, when = data_events(reads, times)
+    done = payloads.index(DONE) if DONE in payloads else None
+    decoded, error = decode_events(payloads[:done], many, one)
+    return decoded, when, done, type(error)
+
+
+def event_cuts(body: bytes, rng: random.Random) -> list[int]:
+    """Cuts after some of the events' blank lines (each read whole events)."""
+    ends = [i + 2 for i in range(len(body) - 1) if body[i : i + 2] == b"\n\n"]
+    return sorted(rng.sample(ends[:-1], rng.randint(0, max(0, len(ends) - 1))))
+
+
+def test_parse_whole_events_in_one_go_and_agree_with_the_line_by_line_path():
+    rng = random.Random(3)
+    good = b"".join(b'data: {"n": %d}\n\n' % i for i in range(9)) + b"data: [DONE]\n\n"
+    bodies = {
+        "whole": good,
+        "bad json": good.replace(b'{"n": 4}', b"{not json}"),
+        "two values": good.replace(b'{"n": 4}', b'{"n": 4}, {"n": 5}'),
+        "done in a payload": good.replace(b"data: [DONE]", b'data: {"n": 9},[DONE]'),
+        "after done": good + b'data: {"n": 10}\n\n',
+        "no done": good.replace(b"data: [DONE]\n\n", b""),
+        "only done": b"data: [DONE]\n\n",
+        "crlf": good.replace(b"\n", b"\r\n"),
+        "no space": good.replace(b"data: ", b"data:"),
+        "comment": b": hi\n\n" + good,
+        "other field": good.replace(b'data: {"n": 2}', b'event: x\ndata: {"n": 2}'),
+        "extra blank line": good.replace(b'\n\ndata: {"n": 3}', b'\n\n\ndata: {"n": 3}'),
+    }
+    fast = 0
+    for name, body in bodies.items():
+        for trial in range(40):
+            cuts = (
+                event_cuts(body, rng) if trial % 2 else sorted(rng.sample(range(1, len(body)), 5))
+            )
+            edges = [0, *cuts, len(body)]
+            reads = [body[a:b] for a, b in itertools.pairwise(edges)]
+            times = [float(i) for i in range(len(reads))]
+            events = parse(reads, times, many, one)
+            got = (events.decoded, events.times, events.done, type(events.error))
+            assert got == general(reads, times), (name, cuts)
+            fast += _whole_events(reads, times) is not None
+    assert fast >= 20  # the one-go path did run (and agreed)
+    events = parse([good[:20], good[20:]], [1.0, 2.0], many, one)
+    assert events.decoded == [Event(i) for i in range(9)] and events.done == 9
+    assert events.times == [1.0] + [2.0] * 9 and events.error is None
+    one_each = [event + b"\n\n" for event in good.split(b"\n\n")[:-1]]
+    events = parse(one_each, [float(i) for i in range(10)], many, one)
+    assert events.times == [float(i) for i in range(10)] and events.done == 9
+    assert _whole_events(one_each, [0.0] * 10) is not None
