@@ -20,6 +20,33 @@ _CRLF = -1  # chunked-body parser states (see `_Response._feed_body`)
 _TRAILER = -2
 
 
+_clock = time.perf_counter
+
+
+def _whole_chunks(data: bytes, start: int, stop: int) -> bytes | None:
+    """The data of the chunks that `data` holds if it is two or more whole chunks (none the
+    last, empty one), the first's data at `data[start:stop]`; else None."""
+    pieces = []
+    n = len(data)
+    while True:
+        if data[stop : stop + 2] != b"\r\n":
+            return None
+        pieces.append(data[start:stop])
+        pos = stop + 2
+        if pos == n:
+            return b"".join(pieces)
+        end = data.find(b"\r\n", pos, pos + 10)
+        if end < 0:
+            return None
+        try:
+            size = int(data[pos:end], 16)
+        except ValueError:
+            return None
+        start, stop = end + 2, end + 2 + size
+        if size == 0 or stop + 2 > n:
+            return None
+
+
 class HttpError(Exception):
     """The connection failed or the response was malformed."""
 
@@ -47,6 +74,7 @@ class _Response(asyncio.Protocol):
         self.keep_alive = True
         self._error: Exception | None = None
         self._timed = False  # see `time_reads`
+        self._aligned = False  # timed, chunked, and the next read starts with a chunk
         self._reads: list[bytes] = []
         self._read_times: list[float] = []
 
@@ -56,19 +84,23 @@ class _Response(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        if self._timed and self._remaining == 0 and not self._raw and self._chunked:
-            # The common case of a stream: the read is exactly one whole chunk (a server
-            # writes each event as one). Anything else takes the general path below.
+        now = _clock()
+        if self._aligned:
+            # The common case of a stream: the read is one whole chunk (a server writes
+            # each event as one), or a few. Anything else takes the general path below.
             end = data.find(b"\r\n")
             if 0 < end <= 8:
                 start = end + 2
                 try:
-                    size = int(data[:end], 16)
+                    stop = start + int(data[:end], 16)
                 except ValueError:
-                    size = 0  # let the general path report it
-                if size and len(data) == start + size + 2 and data[-2:] == b"\r\n":
-                    self._reads.append(data[start:-2])
+                    stop = start  # let the general path report it
+                if stop > start and len(data) == stop + 2 and data[-2:] == b"\r\n":
+                    self._reads.append(data[start:stop])
+                    self._read_times.append(now)
+                    return
+                if stop > start and (body := _whole_chunks(data, start, stop)) is not None:
+                    self._reads.append(body)
                     self._read_times.append(now)
                     return
         try:
@@ -84,6 +116,7 @@ class _Response(asyncio.Protocol):
                 self._feed_body(data, now)
                 if self._timed and self._body:
                     self._keep_read()
+            self._realign()
         except (ValueError, HttpError) as exc:
             self._error = HttpError(f"malformed HTTP response: {exc}")
             if not self._head_done.done():
@@ -156,6 +189,8 @@ class _Response(asyncio.Protocol):
                     break
                 continue
             size = int(raw[pos:end].split(b";", 1)[0], 16)  # drops chunk extensions
+            if size < 0:
+                raise HttpError(f"bad chunk size {raw[pos:end]!r}")
             pos = end + 2
             if size == 0:
                 size = _TRAILER
@@ -167,6 +202,9 @@ class _Response(asyncio.Protocol):
     def _signal(self) -> None:
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
+
+    def _realign(self) -> None:
+        self._aligned = self._timed and self._chunked and self._remaining == 0 and not self._raw
 
     def _keep_read(self) -> None:
         """The body bytes of the latest read as one piece, with its arrival time."""
@@ -186,6 +224,7 @@ class _Response(asyncio.Protocol):
         self._timed = True
         if self._body:  # (what came with the head)
             self._keep_read()
+        self._realign()
 
     def timed_reads(self) -> tuple[list[bytes], list[float]]:
         """The body so far, one piece per read, and when each read arrived."""

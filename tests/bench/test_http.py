@@ -129,6 +129,7 @@ async def test_timed_reads_keep_every_byte_and_the_reader_wakes_once():
     boundaries = sorted({raw.index(p) + len(p) + 2 for p in parts})  # after each chunk's CRLF
     rng = random.Random(7)
     cut_sets = [boundaries, [len(HEAD), *boundaries], [len(HEAD) + 3, *boundaries[4:]]]
+    cut_sets += [boundaries[::2], boundaries[1::3], [len(HEAD), *boundaries[::4]]]  # whole chunks
     cut_sets += [sorted(rng.sample(range(1, len(raw)), rng.randint(1, 30))) for _ in range(100)]
     for cuts in cut_sets:
         body, wakes = await read_timed(raw, cuts)
@@ -144,6 +145,13 @@ async def test_timed_read_reports_a_bad_chunk_size():
     resp.data_received(b"zz\r\ndata: x\r\n")
     with pytest.raises(HttpError, match="malformed"):
         await asyncio.wait_for(resp.wait(), 5)
+    for bad in (b"-1\r\nx\r\n", b"3\r\nabc\r\n-1\r\nx\r\n", b"3\r\nabc\r\nzz\r\nx\r\n"):
+        resp = _Response()
+        resp.data_received(HEAD)
+        resp.time_reads()
+        resp.data_received(bad)
+        with pytest.raises(HttpError, match="malformed"):
+            await asyncio.wait_for(resp.wait(), 5)
 
 
 async def test_response_ends_only_after_the_last_chunks_line_end_and_trailers():
