@@ -3,8 +3,9 @@
 aiohttp spends about 2 ms of CPU per streamed 64-token response on per-chunk bookkeeping
 (reader objects, flow control, one event per HTTP chunk), which is as much as the server
 being measured. This client is an asyncio `Protocol` that parses the response head and the
-chunked body itself and hands the consumer everything that has arrived in one piece,
-stamped with the time its first bytes arrived. It does only what the benchmark needs:
+chunked body itself. A streaming consumer (`time_reads`) gets the body as it came, one
+piece per network read stamped with the read's arrival time, and is woken once, at the
+end; others read the body whole or piece by piece. It does only what the benchmark needs:
 POST/GET with a body, keep-alive connections to one host, `Content-Length` or chunked
 bodies. It is not a general-purpose client.
 """
