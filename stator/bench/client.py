@@ -124,7 +124,7 @@ async def send(
     resp = None
     try:
         async with asyncio.timeout(timeout):
-            resp = await http.request("POST", path, _encode(body))
+            resp = await http.request("POST", path, _encode(body), head_timeout=False)
             record.status = resp.status
             if resp.status != 200:
                 record.error = (await resp.read()).decode(errors="replace")[:500]

@@ -291,9 +291,12 @@ class HttpClient:
             raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> _Response:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", head_timeout: bool = True
+    ) -> _Response:
         """Send a request; returns once the response head arrived (read the body from the
-        returned object, then call `release`)."""
+        returned object, then call `release`). `head_timeout=False` when the caller holds
+        its own time limit over the whole exchange (one timer per request, not two)."""
         conn = await self._connection()
         head = (
             f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
@@ -301,6 +304,9 @@ class HttpClient:
         ).encode("latin-1")
         assert conn.transport is not None
         conn.transport.write(head + body)
+        if not head_timeout:
+            await conn.head()
+            return conn
         async with asyncio.timeout(self.timeout):  # (no task per request, unlike wait_for)
             await conn.head()
         return conn
