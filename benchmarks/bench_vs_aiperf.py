@@ -92,6 +92,9 @@ def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     point = json.loads((out / "summary.json").read_text())["points"][0]
     row = {f"{m}.{s}": point[m][s] for m, s, _ in FIELDS}
     row["errors"] = point["failed_requests"]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    spans = [(r["start"], r["start"] + r["latency"]) for r in records if r.get("latency")]
+    row["turnaround"] = turnaround(spans, args)
     return row
 
 
@@ -112,17 +115,37 @@ def run_aiperf(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
         cmd += ["--concurrency", str(args.concurrency)]
     if args.aiperf_workers:
         cmd += ["--workers-max", str(args.aiperf_workers), "--record-processors", "1"]
+    if args.aiperf_no_cache_bust:
+        cmd.remove("--cache-bust")
+        cmd.remove("warmup-isolation-first-turn")
     cmd = pinned(cmd, args.client_cpus)
     print("$", " ".join(cmd), file=sys.stderr)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "PYTHONPATH")}
     env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(out / "mmap")
+    env.update(item.split("=", 1) for item in args.aiperf_env)
     with open(out.parent / f"{out.name}.log", "w") as log:
         subprocess.run(cmd, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
     data = json.loads(next(out.rglob("profile_export_aiperf.json")).read_text())
     row = {f"{m}.{s}": data[m][s] for m, s, _ in FIELDS}
     error_rate = (data.get("request_error_rate") or {}).get("avg", 0.0)  # percent
     row["errors"] = round(error_rate * data["request_count"]["avg"] / 100)
+    lines = next(out.rglob("profile_export.jsonl")).read_text().splitlines()
+    meta = [json.loads(line)["metadata"] for line in lines]
+    spans = [(m["request_start_ns"] / 1e9, m["request_end_ns"] / 1e9) for m in meta
+             if m["benchmark_phase"] == "profiling"]  # fmt: skip
+    row["turnaround"] = turnaround(spans, args)
     return row
+
+
+def turnaround(spans: list[tuple[float, float]], args) -> float:
+    """Closed loop: mean ms from a request's end to the start of the request that took its
+    slot (the i-th end frees the slot of the (c+i)-th start); NaN in an open loop."""
+    c = args.concurrency
+    if args.request_rate or len(spans) <= c:
+        return float("nan")
+    starts = sorted(start for start, _ in spans)
+    ends = sorted(end for _, end in spans)
+    return 1e3 * statistics.mean(starts[c + i] - ends[i] for i in range(len(spans) - c))
 
 
 def main() -> None:
@@ -141,6 +164,14 @@ def main() -> None:
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list ('' = no pin)")
     parser.add_argument("--client-cpus", default="1", help="taskset CPU list for both clients")
     parser.add_argument("--aiperf-workers", type=int, default=1, help="0 = aiperf's default")
+    parser.add_argument(
+        "--aiperf-env", action="append", default=[], metavar="KEY=VALUE",
+        help="an environment setting for aiperf (e.g. AIPERF_DATASET_PREFORMAT_PAYLOADS=true)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--aiperf-no-cache-bust", action="store_true",
+        help="without --cache-bust (aiperf then may use its pre-encoded payload fast path)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-vs-aiperf-"))
@@ -171,7 +202,8 @@ def main() -> None:
         server.terminate()
         server.wait(30)
     print(f"(artifacts in {work})", file=sys.stderr)
-    labels = [label for *_, label in FIELDS] + ["errors", "in flight (avg)", *SERVER_SIDE]
+    labels = [label for *_, label in FIELDS]
+    labels += ["errors", "turnaround ms (avg)", "in flight (avg)", *SERVER_SIDE]
     print("| client (run order) | " + " | ".join(labels) + " |")
     print("|---" * (len(labels) + 1) + "|")
     for name, row in rows:
