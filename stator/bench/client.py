@@ -39,30 +39,32 @@ class RequestRecord(msgspec.Struct, kw_only=True):
         return self.status == 200 and self.error is None
 
 
-class _Delta(msgspec.Struct):
+# The decoded events are short-lived and hold no reference cycles: `gc=False` keeps them
+# out of the garbage collector's books (about a tenth of the parse cost per response).
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[Any] | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     message: _Delta | None = None
     text: str | None = None
 
 
-class _Details(msgspec.Struct):
+class _Details(msgspec.Struct, gc=False):
     cached_tokens: int | None = 0
 
 
-class _Usage(msgspec.Struct):
+class _Usage(msgspec.Struct, gc=False):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     prompt_tokens_details: _Details | None = None
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):
     choices: list[_Choice] = []
     usage: _Usage | None = None
     error: Any = None
