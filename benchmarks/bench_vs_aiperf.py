@@ -80,6 +80,7 @@ def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     cmd = [sys.executable, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
            "--tokenizer", str(model_dir), "--isl", str(args.isl), "--osl", str(args.osl),
+           "--osl-std", str(args.osl_std),
            "--num-requests", str(args.requests), "--warmup", str(args.warmup),
            "--seed", str(seed), "--no-progress", "--no-plots", "--out", str(out)]  # fmt: skip
     if args.request_rate:
@@ -102,13 +103,15 @@ def run_aiperf(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     cmd = [args.aiperf, "profile", "--model", "tiny", "--tokenizer", str(model_dir),
            "--url", url, "--endpoint-type", "chat", "--streaming",
            "--synthetic-input-tokens-mean", str(args.isl), "--synthetic-input-tokens-stddev", "0",
-           "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", "0",
+           "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", str(args.osl_std),
            "--request-count", str(args.requests),
            "--warmup-request-count", str(args.warmup), "--random-seed", str(seed),
            "--num-dataset-entries", str(args.requests + args.warmup),
            "--cache-bust", "warmup-isolation-first-turn", "--use-server-token-count",
-           "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{args.osl}",
+           "--extra-inputs", "ignore_eos:true",
            "--ui", "none", "--no-gpu-telemetry", "--artifact-dir", str(out)]  # fmt: skip
+    if not args.osl_std:  # (with varied lengths, ignore_eos alone gives each its max_tokens)
+        cmd += ["--extra-inputs", f"min_tokens:{args.osl}"]
     if args.request_rate:
         cmd += ["--request-rate", str(args.request_rate), "--arrival-pattern", "constant"]
     else:
@@ -160,6 +163,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=16)
     parser.add_argument("--isl", type=int, default=512)
     parser.add_argument("--osl", type=int, default=64)
+    parser.add_argument(
+        "--osl-std", type=float, default=0.0,
+        help="standard deviation of the output length (both clients draw their own lengths)",
+    )  # fmt: skip
     parser.add_argument("--speedup-ratio", type=float, default=1.0)
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list ('' = no pin)")
     parser.add_argument("--client-cpus", default="1", help="taskset CPU list for both clients")
