@@ -8,7 +8,10 @@ server's usage. aiperf runs from its own venv (`--aiperf`), with HF_HUB_OFFLINE 
 0.13.0 bug with local tokenizer dirs, see dynamo-live.md section 5). The last two columns
 are the server's own view of each run window: mean TTFT and ITL from the frontend's
 /metrics histograms (sum/count deltas; the run's warm-up requests included); the last row
-is aiperf's median over its runs divided by stator's.
+is aiperf's median over its runs divided by stator's. In a closed loop, "turnaround" is how
+long a client takes from a response's end to sending the next request in that slot, and
+"starts within 5 ms" how bunched its requests start (lockstep cohorts, or spread out):
+both shape the load the server sees.
 
 To be fair on a small machine, the server and the clients run on disjoint CPUs (taskset:
 the server on `--server-cpus`, either client and all of aiperf's processes on
@@ -21,6 +24,7 @@ the server on `--server-cpus`, either client and all of aiperf's processes on
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -96,6 +100,7 @@ def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     spans = [(r["start"], r["start"] + r["latency"]) for r in records if r.get("latency")]
     row["turnaround"] = turnaround(spans, args)
+    row["bunched"] = bunched([start for start, _ in spans])
     return row
 
 
@@ -137,7 +142,20 @@ def run_aiperf(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     spans = [(m["request_start_ns"] / 1e9, m["request_end_ns"] / 1e9) for m in meta
              if m["benchmark_phase"] == "profiling"]  # fmt: skip
     row["turnaround"] = turnaround(spans, args)
+    row["bunched"] = bunched([start for start, _ in spans])
     return row
+
+
+def bunched(starts: list[float], window: float = 0.005) -> float:
+    """How many other requests started within `window` s of each one, on average: a closed
+    loop of identical requests tends to run in lockstep cohorts (high), one whose slots
+    refill at scattered times does not (low)."""
+    ordered = sorted(starts)
+    near = [
+        bisect.bisect_right(ordered, t + window) - bisect.bisect_left(ordered, t - window) - 1
+        for t in ordered
+    ]
+    return statistics.mean(near) if near else float("nan")
 
 
 def turnaround(spans: list[tuple[float, float]], args) -> float:
@@ -210,7 +228,8 @@ def main() -> None:
         server.wait(30)
     print(f"(artifacts in {work})", file=sys.stderr)
     labels = [label for *_, label in FIELDS]
-    labels += ["errors", "turnaround ms (avg)", "in flight (avg)", *SERVER_SIDE]
+    labels += ["errors", "turnaround ms (avg)", "starts within 5 ms (avg)", "in flight (avg)"]
+    labels += list(SERVER_SIDE)
     print("| client (run order) | " + " | ".join(labels) + " |")
     print("|---" * (len(labels) + 1) + "|")
     for name, row in rows:
