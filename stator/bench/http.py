@@ -39,8 +39,9 @@ def _whole_chunks(data: bytes, start: int, stop: int) -> bytes | None:
         end = data.find(b"\r\n", pos, pos + 10)
         if end < 0:
             return None
+        digits = data[pos:end]
         try:
-            size = int(data[pos:end], 16)
+            size = int(digits, 16) if digits.isalnum() else 0
         except ValueError:
             return None
         start, stop = end + 2, end + 2 + size
@@ -92,8 +93,9 @@ class _Response(asyncio.Protocol):
             end = data.find(b"\r\n")
             if 0 < end <= 8:
                 start = end + 2
-                try:
-                    stop = start + int(data[:end], 16)
+                size = data[:end]
+                try:  # (`int` alone would also take a sign, spaces or `_`)
+                    stop = start + int(size, 16) if size.isalnum() else start
                 except ValueError:
                     stop = start  # let the general path report it
                 if stop > start and len(data) == stop + 2 and data[-2:] == b"\r\n":
@@ -189,9 +191,10 @@ class _Response(asyncio.Protocol):
                 if self.finished:
                     break
                 continue
-            size = int(raw[pos:end].split(b";", 1)[0], 16)  # drops chunk extensions
-            if size < 0:
+            digits = raw[pos:end].split(b";", 1)[0].strip()  # drops chunk extensions
+            if not digits.isalnum():  # (what `int` would take besides hex digits)
                 raise HttpError(f"bad chunk size {raw[pos:end]!r}")
+            size = int(digits, 16)
             pos = end + 2
             if size == 0:
                 size = _TRAILER

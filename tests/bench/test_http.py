@@ -145,7 +145,9 @@ async def test_timed_read_reports_a_bad_chunk_size():
     resp.data_received(b"zz\r\ndata: x\r\n")
     with pytest.raises(HttpError, match="malformed"):
         await asyncio.wait_for(resp.wait(), 5)
-    for bad in (b"-1\r\nx\r\n", b"3\r\nabc\r\n-1\r\nx\r\n", b"3\r\nabc\r\nzz\r\nx\r\n"):
+    bads = [b"-1\r\nx\r\n", b"+1\r\nx\r\n", b"1_0\r\n" + b"x" * 16 + b"\r\n"]
+    bads += [b"3\r\nabc\r\n-1\r\nx\r\n", b"3\r\nabc\r\nzz\r\nx\r\n", b"3\r\nabc\r\n+1\r\nx\r\n"]
+    for bad in bads:
         resp = _Response()
         resp.data_received(HEAD)
         resp.time_reads()
