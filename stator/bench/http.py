@@ -214,7 +214,7 @@ class _Response(asyncio.Protocol):
         """The body bytes of the latest read as one piece, with its arrival time."""
         body = self._body
         self._reads.append(body[0] if len(body) == 1 else b"".join(body))
-        self._read_times.append(self._arrived or time.perf_counter())
+        self._read_times.append(_clock() if self._arrived is None else self._arrived)
         body.clear()
         self._arrived = None
 
@@ -251,7 +251,7 @@ class _Response(asyncio.Protocol):
         while True:
             if self._body:
                 data = b"".join(self._body)
-                arrived = self._arrived or time.perf_counter()
+                arrived = _clock() if self._arrived is None else self._arrived
                 self._body.clear()
                 self._arrived = None
                 yield arrived, data

@@ -1,7 +1,11 @@
 """The streaming reader of `stator bench`: SSE events however the bytes are cut."""
 
+import asyncio
+import bisect
+import functools
 import itertools
 import json
+import random
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -131,3 +135,42 @@ def test_a_stream_cut_short_is_parsed_up_to_where_it_stopped():
     assert not _parse_stream(Received([body[:cut]], [0.5]), record, 0.0, None)
     assert record.chunk_times == [0.5, 0.5] and record.ttst == 0.5
     assert record.error == "stream ended before data: [DONE]"
+
+
+async def test_event_times_are_the_arrival_of_the_read_that_completed_each_line(monkeypatch):
+    """Through the connection itself: the raw response (head, chunk framing, events) cut
+    into reads anywhere, each read stamped with a scripted clock; every output event must
+    carry the time of the read that brought its `data:` line's `\\n`."""
+    from stator.bench import http as http_module
+
+    body = sse_events(["a", "b", "", "c", "d"], USAGE)
+    events = [e + b"\n\n" for e in body.split(b"\n\n")[:-1]]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    raw = head + b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    # where each output event's line ends in `raw` (its first `\n`); "" is not an output
+    outputs = [e for e in events[:5] if b'"content": ""' not in e]
+    output_ends = [raw.index(e) + e.index(b"\n") for e in outputs]
+    assert len(output_ends) == 4
+    rng = random.Random(9)
+    cut_sets = [[len(head)], [len(head) + 1], list(range(1, len(raw)))]
+    cut_sets += [sorted(rng.sample(range(1, len(raw)), rng.randint(1, 40))) for _ in range(150)]
+    for cuts in cut_sets:
+        edges = [0, *cuts, len(raw)]
+        reads = [raw[a:b] for a, b in itertools.pairwise(edges)]
+        clock = iter([float(k) for k in range(len(reads))])
+        monkeypatch.setattr(http_module, "_clock", functools.partial(next, clock))
+        resp = http_module._Response()
+        i = 0
+        while not resp._head_done.done():
+            resp.data_received(reads[i])
+            i += 1
+        resp.time_reads()
+        for data in reads[i:]:
+            resp.data_received(data)
+        await asyncio.wait_for(resp.wait(), 5)
+        record = RequestRecord(index=0, start=0.0)
+        assert _parse_stream(resp, record, 0.0, None)
+        expected = [float(bisect.bisect_right(edges, end) - 1) for end in output_ends]
+        assert record.chunk_times == expected, cuts
+        assert record.latency == float(bisect.bisect_right(edges, raw.index(b"[DONE]") + 6) - 1)
+        assert (record.input_tokens, record.output_tokens) == (7, 3)
