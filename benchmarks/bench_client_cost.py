@@ -96,9 +96,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per concurrency")
     parser.add_argument("--speedup-ratio", type=float, default=100.0)
     parser.add_argument("--pin", action="store_true", help="server on CPU 0, client on CPU 1")
+    parser.add_argument("--server-cpus", help="pin the server to these CPUs (taskset list)")
+    parser.add_argument("--client-cpus", help="pin each client to these CPUs (taskset list)")
     parser.add_argument("--progress", action="store_true", help="with the live progress bar")
     args = parser.parse_args()
-    server_cpus, args.client_cpus = ("0", "1") if args.pin else (None, None)
+    server_cpus, client_cpus = ("0", "1") if args.pin else (None, None)
+    server_cpus = args.server_cpus or server_cpus
+    args.client_cpus = args.client_cpus or client_cpus
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp) / "tiny", max_position_embeddings=4096)

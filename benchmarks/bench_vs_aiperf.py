@@ -8,7 +8,10 @@ server's usage. aiperf runs from its own venv (`--aiperf`), with HF_HUB_OFFLINE 
 0.13.0 bug with local tokenizer dirs, see dynamo-live.md section 5). The last two columns
 are the server's own view of each run window: mean TTFT and ITL from the frontend's
 /metrics histograms (sum/count deltas; the run's warm-up requests included); the last row
-is aiperf's median over its runs divided by stator's.
+is aiperf's median over its runs divided by stator's. In a closed loop, "turnaround" is how
+long a client takes from a response's end to sending the next request in that slot, and
+"starts within 5 ms" how bunched its requests start (lockstep cohorts, or spread out):
+both shape the load the server sees.
 
 To be fair on a small machine, the server and the clients run on disjoint CPUs (taskset:
 the server on `--server-cpus`, either client and all of aiperf's processes on
@@ -21,6 +24,7 @@ the server on `--server-cpus`, either client and all of aiperf's processes on
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -80,6 +84,7 @@ def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     cmd = [sys.executable, "-m", "stator", "bench", "run", "--url", url, "--model", "tiny",
            "--tokenizer", str(model_dir), "--isl", str(args.isl), "--osl", str(args.osl),
+           "--osl-std", str(args.osl_std),
            "--num-requests", str(args.requests), "--warmup", str(args.warmup),
            "--seed", str(seed), "--no-progress", "--no-plots", "--out", str(out)]  # fmt: skip
     if args.request_rate:
@@ -92,6 +97,10 @@ def run_stator(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     point = json.loads((out / "summary.json").read_text())["points"][0]
     row = {f"{m}.{s}": point[m][s] for m, s, _ in FIELDS}
     row["errors"] = point["failed_requests"]
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    spans = [(r["start"], r["start"] + r["latency"]) for r in records if r.get("latency")]
+    row["turnaround"] = turnaround(spans, args)
+    row["bunched"] = bunched([start for start, _ in spans])
     return row
 
 
@@ -99,30 +108,65 @@ def run_aiperf(args, url: str, model_dir: Path, out: Path, seed: int) -> dict:
     cmd = [args.aiperf, "profile", "--model", "tiny", "--tokenizer", str(model_dir),
            "--url", url, "--endpoint-type", "chat", "--streaming",
            "--synthetic-input-tokens-mean", str(args.isl), "--synthetic-input-tokens-stddev", "0",
-           "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", "0",
+           "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", str(args.osl_std),
            "--request-count", str(args.requests),
            "--warmup-request-count", str(args.warmup), "--random-seed", str(seed),
            "--num-dataset-entries", str(args.requests + args.warmup),
            "--cache-bust", "warmup-isolation-first-turn", "--use-server-token-count",
-           "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{args.osl}",
+           "--extra-inputs", "ignore_eos:true",
            "--ui", "none", "--no-gpu-telemetry", "--artifact-dir", str(out)]  # fmt: skip
+    if not args.osl_std:  # (with varied lengths, ignore_eos alone gives each its max_tokens)
+        cmd += ["--extra-inputs", f"min_tokens:{args.osl}"]
     if args.request_rate:
         cmd += ["--request-rate", str(args.request_rate), "--arrival-pattern", "constant"]
     else:
         cmd += ["--concurrency", str(args.concurrency)]
     if args.aiperf_workers:
         cmd += ["--workers-max", str(args.aiperf_workers), "--record-processors", "1"]
+    if args.aiperf_no_cache_bust:
+        cmd.remove("--cache-bust")
+        cmd.remove("warmup-isolation-first-turn")
     cmd = pinned(cmd, args.client_cpus)
     print("$", " ".join(cmd), file=sys.stderr)
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "PYTHONPATH")}
     env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(out / "mmap")
+    env.update(item.split("=", 1) for item in args.aiperf_env)
     with open(out.parent / f"{out.name}.log", "w") as log:
         subprocess.run(cmd, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
     data = json.loads(next(out.rglob("profile_export_aiperf.json")).read_text())
     row = {f"{m}.{s}": data[m][s] for m, s, _ in FIELDS}
     error_rate = (data.get("request_error_rate") or {}).get("avg", 0.0)  # percent
     row["errors"] = round(error_rate * data["request_count"]["avg"] / 100)
+    lines = next(out.rglob("profile_export.jsonl")).read_text().splitlines()
+    meta = [json.loads(line)["metadata"] for line in lines]
+    spans = [(m["request_start_ns"] / 1e9, m["request_end_ns"] / 1e9) for m in meta
+             if m["benchmark_phase"] == "profiling"]  # fmt: skip
+    row["turnaround"] = turnaround(spans, args)
+    row["bunched"] = bunched([start for start, _ in spans])
     return row
+
+
+def bunched(starts: list[float], window: float = 0.005) -> float:
+    """How many other requests started within `window` s of each one, on average: a closed
+    loop of identical requests tends to run in lockstep cohorts (high), one whose slots
+    refill at scattered times does not (low)."""
+    ordered = sorted(starts)
+    near = [
+        bisect.bisect_right(ordered, t + window) - bisect.bisect_left(ordered, t - window) - 1
+        for t in ordered
+    ]
+    return statistics.mean(near) if near else float("nan")
+
+
+def turnaround(spans: list[tuple[float, float]], args) -> float:
+    """Closed loop: mean ms from a request's end to the start of the request that took its
+    slot (the i-th end frees the slot of the (c+i)-th start); NaN in an open loop."""
+    c = args.concurrency
+    if args.request_rate or len(spans) <= c:
+        return float("nan")
+    starts = sorted(start for start, _ in spans)
+    ends = sorted(end for _, end in spans)
+    return 1e3 * statistics.mean(starts[c + i] - ends[i] for i in range(len(spans) - c))
 
 
 def main() -> None:
@@ -137,10 +181,22 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=16)
     parser.add_argument("--isl", type=int, default=512)
     parser.add_argument("--osl", type=int, default=64)
+    parser.add_argument(
+        "--osl-std", type=float, default=0.0,
+        help="standard deviation of the output length (both clients draw their own lengths)",
+    )  # fmt: skip
     parser.add_argument("--speedup-ratio", type=float, default=1.0)
     parser.add_argument("--server-cpus", default="0", help="taskset CPU list ('' = no pin)")
     parser.add_argument("--client-cpus", default="1", help="taskset CPU list for both clients")
     parser.add_argument("--aiperf-workers", type=int, default=1, help="0 = aiperf's default")
+    parser.add_argument(
+        "--aiperf-env", action="append", default=[], metavar="KEY=VALUE",
+        help="an environment setting for aiperf (e.g. AIPERF_DATASET_PREFORMAT_PAYLOADS=true)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--aiperf-no-cache-bust", action="store_true",
+        help="without --cache-bust (aiperf then may use its pre-encoded payload fast path)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-vs-aiperf-"))
@@ -171,7 +227,9 @@ def main() -> None:
         server.terminate()
         server.wait(30)
     print(f"(artifacts in {work})", file=sys.stderr)
-    labels = [label for *_, label in FIELDS] + ["errors", "in flight (avg)", *SERVER_SIDE]
+    labels = [label for *_, label in FIELDS]
+    labels += ["errors", "turnaround ms (avg)", "starts within 5 ms (avg)", "in flight (avg)"]
+    labels += list(SERVER_SIDE)
     print("| client (run order) | " + " | ".join(labels) + " |")
     print("|---" * (len(labels) + 1) + "|")
     for name, row in rows:

@@ -3,8 +3,9 @@
 aiohttp spends about 2 ms of CPU per streamed 64-token response on per-chunk bookkeeping
 (reader objects, flow control, one event per HTTP chunk), which is as much as the server
 being measured. This client is an asyncio `Protocol` that parses the response head and the
-chunked body itself and hands the consumer everything that has arrived in one piece,
-stamped with the time its first bytes arrived. It does only what the benchmark needs:
+chunked body itself. A streaming consumer (`time_reads`) gets the body as it came, one
+piece per network read stamped with the read's arrival time, and is woken once, at the
+end; others read the body whole or piece by piece. It does only what the benchmark needs:
 POST/GET with a body, keep-alive connections to one host, `Content-Length` or chunked
 bodies. It is not a general-purpose client.
 """
@@ -13,11 +14,39 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 _CRLF = -1  # chunked-body parser states (see `_Response._feed_body`)
 _TRAILER = -2
+
+
+_clock = time.perf_counter
+
+
+def _whole_chunks(data: bytes, start: int, stop: int) -> bytes | None:
+    """The data of the chunks that `data` holds if it is two or more whole chunks (none the
+    last, empty one), the first's data at `data[start:stop]`; else None."""
+    pieces = []
+    n = len(data)
+    while True:
+        if data[stop : stop + 2] != b"\r\n":
+            return None
+        pieces.append(data[start:stop])
+        pos = stop + 2
+        if pos == n:
+            return b"".join(pieces)
+        end = data.find(b"\r\n", pos, pos + 10)
+        if end < 0:
+            return None
+        digits = data[pos:end]
+        try:
+            size = int(digits, 16) if digits.isalnum() else 0
+        except ValueError:
+            return None
+        start, stop = end + 2, end + 2 + size
+        if size == 0 or stop + 2 > n:
+            return None
 
 
 class HttpError(Exception):
@@ -46,7 +75,10 @@ class _Response(asyncio.Protocol):
         self.finished = False
         self.keep_alive = True
         self._error: Exception | None = None
-        self._sink: Callable[[float, bytes], None] | None = None
+        self._timed = False  # see `time_reads`
+        self._aligned = False  # timed, chunked, and the next read starts with a chunk
+        self._reads: list[bytes] = []
+        self._read_times: list[float] = []
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -54,20 +86,25 @@ class _Response(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        sink = self._sink
-        if sink is not None and self._remaining == 0 and not self._raw and self._chunked:
-            # The common case of a stream: the read is exactly one whole chunk (a server
-            # writes each event as one). Anything else takes the general path below.
+        now = _clock()
+        if self._aligned:
+            # The common case of a stream: the read is one whole chunk (a server writes
+            # each event as one), or a few. Anything else takes the general path below.
             end = data.find(b"\r\n")
             if 0 < end <= 8:
                 start = end + 2
-                try:
-                    size = int(data[:end], 16)
+                size = data[:end]
+                try:  # (`int` alone would also take a sign, spaces or `_`)
+                    stop = start + int(size, 16) if size.isalnum() else start
                 except ValueError:
-                    size = 0  # let the general path report it
-                if size and len(data) == start + size + 2 and data[-2:] == b"\r\n":
-                    sink(now, data[start:-2])
+                    stop = start  # let the general path report it
+                if stop > start and len(data) == stop + 2 and data[-2:] == b"\r\n":
+                    self._reads.append(data[start:stop])
+                    self._read_times.append(now)
+                    return
+                if stop > start and (body := _whole_chunks(data, start, stop)) is not None:
+                    self._reads.append(body)
+                    self._read_times.append(now)
                     return
         try:
             if not self._head_done.done():
@@ -80,17 +117,18 @@ class _Response(asyncio.Protocol):
                 self._head_done.set_result(None)
             if data:
                 self._feed_body(data, now)
-                if self._sink is not None and self._body:
-                    self._flush_to_sink()
+                if self._timed and self._body:
+                    self._keep_read()
+            self._realign()
         except (ValueError, HttpError) as exc:
             self._error = HttpError(f"malformed HTTP response: {exc}")
             if not self._head_done.done():
                 self._head_done.set_exception(self._error)
             if self.transport is not None:
                 self.transport.close()
-        # With a sink the consumer only waits for the end: waking its task on every read
-        # would cost a task step (through every awaiting frame) per network read.
-        if self._sink is None or self.finished or self._error is not None:
+        # Timed, the consumer only waits for the end: waking its task on every read would
+        # cost a task step (through every awaiting frame) per network read.
+        if not self._timed or self.finished or self._error is not None:
             self._signal()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -153,7 +191,10 @@ class _Response(asyncio.Protocol):
                 if self.finished:
                     break
                 continue
-            size = int(raw[pos:end].split(b";", 1)[0], 16)  # drops chunk extensions
+            digits = raw[pos:end].split(b";", 1)[0].strip()  # drops chunk extensions
+            if not digits.isalnum():  # (what `int` would take besides hex digits)
+                raise HttpError(f"bad chunk size {raw[pos:end]!r}")
+            size = int(digits, 16)
             pos = end + 2
             if size == 0:
                 size = _TRAILER
@@ -166,23 +207,32 @@ class _Response(asyncio.Protocol):
         if self._wake is not None and not self._wake.done():
             self._wake.set_result(None)
 
-    def _flush_to_sink(self) -> None:
-        data = b"".join(self._body)
-        arrived = self._arrived or time.perf_counter()
-        self._body.clear()
+    def _realign(self) -> None:
+        self._aligned = self._timed and self._chunked and self._remaining == 0 and not self._raw
+
+    def _keep_read(self) -> None:
+        """The body bytes of the latest read as one piece, with its arrival time."""
+        body = self._body
+        self._reads.append(body[0] if len(body) == 1 else b"".join(body))
+        self._read_times.append(_clock() if self._arrived is None else self._arrived)
+        body.clear()
         self._arrived = None
-        assert self._sink is not None
-        self._sink(arrived, data)
 
     # -- consumer side ---------------------------------------------------------------
 
-    def deliver_to(self, sink: Callable[[float, bytes], None]) -> None:
-        """Hand body bytes to `sink(arrival time, data)` from the protocol callback itself,
-        as they arrive: no task switch per network read, which is most of a streaming
-        client's cost. Use `wait()` for the end of the response."""
-        self._sink = sink
-        if self._body:
-            self._flush_to_sink()
+    def time_reads(self) -> None:
+        """From now on keep the body as it came, one piece per network read with the time
+        the read arrived (`timed_reads`), and wake `wait()` only at the end: the consumer
+        parses the body once, not on every read, which would be most of a streaming
+        client's cost."""
+        self._timed = True
+        if self._body:  # (what came with the head)
+            self._keep_read()
+        self._realign()
+
+    def timed_reads(self) -> tuple[list[bytes], list[float]]:
+        """The body so far, one piece per read, and when each read arrived."""
+        return self._reads, self._read_times
 
     async def wait(self) -> None:
         """Until the whole body arrived (raises if the connection broke first)."""
@@ -201,7 +251,7 @@ class _Response(asyncio.Protocol):
         while True:
             if self._body:
                 data = b"".join(self._body)
-                arrived = self._arrived or time.perf_counter()
+                arrived = _clock() if self._arrived is None else self._arrived
                 self._body.clear()
                 self._arrived = None
                 yield arrived, data
@@ -244,9 +294,12 @@ class HttpClient:
             raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         return conn
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> _Response:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", head_timeout: bool = True
+    ) -> _Response:
         """Send a request; returns once the response head arrived (read the body from the
-        returned object, then call `release`)."""
+        returned object, then call `release`). `head_timeout=False` when the caller holds
+        its own time limit over the whole exchange (one timer per request, not two)."""
         conn = await self._connection()
         head = (
             f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
@@ -254,6 +307,9 @@ class HttpClient:
         ).encode("latin-1")
         assert conn.transport is not None
         conn.transport.write(head + body)
+        if not head_timeout:
+            await conn.head()
+            return conn
         async with asyncio.timeout(self.timeout):  # (no task per request, unlike wait_for)
             await conn.head()
         return conn

@@ -36,7 +36,6 @@ def _run(args: argparse.Namespace) -> int:
 
     from stator.bench.config import BenchConfig
     from stator.bench.metrics import parse_slos
-    from stator.bench.plots import draw_run
     from stator.bench.progress import Batched
     from stator.bench.report import print_result, write_outputs
     from stator.bench.runner import _points, loop_factory, requests_per_point, run_benchmark
@@ -72,6 +71,8 @@ def _run(args: argparse.Namespace) -> int:
     if cfg.out:
         files = write_outputs(result, cfg.out)
         if cfg.plots:
+            from stator.bench.plots import draw_run  # (matplotlib: only when drawing)
+
             files += draw_run(result, cfg.out)
         console.print("wrote " + ", ".join(str(f) for f in files))
     return 0

@@ -91,16 +91,15 @@ async def test_against_a_server_keep_alive_and_failures():
         HttpClient("https://example.invalid")
 
 
-async def read_with_sink(raw: bytes, cuts: list[int]) -> tuple[bytes, int]:
-    """Feed `raw` cut at `cuts`, the body handed to a sink as `send` does; the body and
+async def read_timed(raw: bytes, cuts: list[int]) -> tuple[bytes, int]:
+    """Feed `raw` cut at `cuts`, the body kept per read as `send` does; the body and
     how many times the waiting reader was woken."""
     resp = _Response()
     edges = [0, *sorted(set(cuts)), len(raw)]
     reads = [raw[a:b] for a, b in itertools.pairwise(edges) if b > a]
     while not resp._head_done.done():
         resp.data_received(reads.pop(0))
-    got: list[bytes] = []
-    resp.deliver_to(lambda arrived, data: got.append(data))
+    resp.time_reads()
     waiter = asyncio.ensure_future(resp.wait())
     await asyncio.sleep(0)
     wakes = 0
@@ -117,31 +116,44 @@ async def read_with_sink(raw: bytes, cuts: list[int]) -> tuple[bytes, int]:
         resp.data_received(data)
         await asyncio.sleep(0)
     await asyncio.wait_for(waiter, 5)
-    return b"".join(got), wakes if reads else 1  # (no read left: it ended with the head)
+    pieces, times = resp.timed_reads()
+    assert len(pieces) == len(times) and all(pieces)  # one non-empty piece per timed read
+    assert times == sorted(times)
+    return b"".join(pieces), wakes if reads else 1  # (no read left: it ended with the head)
 
 
-async def test_sink_gets_every_byte_and_the_reader_wakes_once():
+async def test_timed_reads_keep_every_byte_and_the_reader_wakes_once():
     parts = [b'data: {"n": %d}\n\n' % i for i in range(12)] + [b"x" * 40]
     raw = HEAD + chunked(parts)
     starts = [raw.find(b"%x\r\n" % len(p), len(HEAD)) for p in parts]
     boundaries = sorted({raw.index(p) + len(p) + 2 for p in parts})  # after each chunk's CRLF
     rng = random.Random(7)
     cut_sets = [boundaries, [len(HEAD), *boundaries], [len(HEAD) + 3, *boundaries[4:]]]
+    cut_sets += [boundaries[::2], boundaries[1::3], [len(HEAD), *boundaries[::4]]]  # whole chunks
     cut_sets += [sorted(rng.sample(range(1, len(raw)), rng.randint(1, 30))) for _ in range(100)]
     for cuts in cut_sets:
-        body, wakes = await read_with_sink(raw, cuts)
+        body, wakes = await read_timed(raw, cuts)
         assert body == b"".join(parts), cuts
         assert wakes == 1, cuts  # at the end only, not once per read
     assert starts  # the chunk framing above was found where expected
 
 
-async def test_sink_reports_a_bad_chunk_size():
+async def test_timed_read_reports_a_bad_chunk_size():
     resp = _Response()
     resp.data_received(HEAD)
-    resp.deliver_to(lambda arrived, data: None)
+    resp.time_reads()
     resp.data_received(b"zz\r\ndata: x\r\n")
     with pytest.raises(HttpError, match="malformed"):
         await asyncio.wait_for(resp.wait(), 5)
+    bads = [b"-1\r\nx\r\n", b"+1\r\nx\r\n", b"1_0\r\n" + b"x" * 16 + b"\r\n"]
+    bads += [b"3\r\nabc\r\n-1\r\nx\r\n", b"3\r\nabc\r\nzz\r\nx\r\n", b"3\r\nabc\r\n+1\r\nx\r\n"]
+    for bad in bads:
+        resp = _Response()
+        resp.data_received(HEAD)
+        resp.time_reads()
+        resp.data_received(bad)
+        with pytest.raises(HttpError, match="malformed"):
+            await asyncio.wait_for(resp.wait(), 5)
 
 
 async def test_response_ends_only_after_the_last_chunks_line_end_and_trailers():
