@@ -9,11 +9,18 @@ router's estimate with what the engine really holds (including requests other fr
 sent), and the router keeps adding what it booked since. Router replicas share bookings
 (`stator.router.replica_sync`), so they are tracked here under the other router's id.
 
+A report cannot see requests still waiting in the engine's queue (they hold no blocks
+yet), so the router keeps the blocks of the newest `num_waiting` bookings on that worker
+that have not had their first token: without this, each report forgot the queued
+requests until the next one, and their finish then took their blocks off a second time,
+leaving a worker that had a queue looking lighter than it was.
+
 Pure and synchronous.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from stator.protocols import LoadReport
@@ -145,14 +152,28 @@ class LoadTracker:
 
     def report(self, report: LoadReport) -> None:
         """A worker told us what it really holds."""
-        load = self.load((report.worker_id, report.dp_rank))
+        key = (report.worker_id, report.dp_rank)
+        load = self.load(key)
         load.reported_blocks = report.active_kv_blocks
-        load.blocks_since_report = 0
+        load.blocks_since_report = self._queued_blocks(key, load, report.num_waiting)
         if report.total_kv_blocks:
             load.total_blocks = report.total_kv_blocks
         load.reported_prefill_tokens = report.queued_prefill_tokens
         load.reported_requests = report.num_running + report.num_waiting
         load.has_report = True
+
+    def _queued_blocks(self, key: WorkerKey, load: WorkerLoad, num_waiting: int) -> int:
+        """Blocks of the bookings the engine reports as waiting: the newest `num_waiting`
+        on `key` without a first token (the engine admits in arrival order). A block they
+        share with an admitted request is already in the report."""
+        if num_waiting <= 0:
+            return 0
+        pending = [b for b in self.bookings.values() if b.key == key and b.prefilling]
+        waiting = pending[-num_waiting:]
+        holders = Counter(h for b in waiting for h in b.hashes)
+        active = load.active
+        shared_with_admitted = sum(1 for h, n in holders.items() if active.get(h, 0) > n)
+        return sum(b.unhashed_blocks for b in waiting) + len(holders) - shared_with_admitted
 
     def remove_worker(self, worker_id: int) -> None:
         for rid in [r for r, b in self.bookings.items() if b.key[0] == worker_id]:

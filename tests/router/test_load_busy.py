@@ -40,6 +40,23 @@ def test_load_report_corrects_the_estimate():
     assert load.active_blocks == 35
 
 
+def test_load_report_keeps_the_requests_still_queued_in_the_engine():
+    tracker = LoadTracker(default_total_blocks=100)
+    tracker.add("admitted", K, 64, 4, hashes=[1, 2, 3, 4])
+    tracker.add("queued-a", K, 64, 5, hashes=[1, 2, 7, 8])  # shares 2 blocks with admitted
+    tracker.add("queued-b", K, 64, 3)
+    # The engine runs `admitted` (4 blocks + 1 for its output) and has 2 requests waiting.
+    tracker.report(LoadReport(worker_id=1, active_kv_blocks=5, num_waiting=2, num_running=1))
+    load = tracker.load(K)
+    # 5 reported + queued-a's 2 unshared hashed blocks and 1 unhashed + queued-b's 3.
+    assert load.active_blocks == 5 + 3 + 3
+    tracker.finish("queued-b")  # it ran and finished before the next report
+    assert load.active_blocks == 5 + 3
+    # With nothing waiting the report is the whole truth, as before.
+    tracker.report(LoadReport(worker_id=1, active_kv_blocks=9, num_waiting=0, num_running=2))
+    assert load.active_blocks == 9
+
+
 def test_shared_prefix_blocks_count_once():
     tracker = LoadTracker()
     tracker.add("r1", K, 0, 4, hashes=[1, 2, 3])  # 3 full blocks + a partial one

@@ -280,6 +280,7 @@ class MockerEngine(Engine):
     async def _loop(self, rank: _Rank) -> None:
         loop = asyncio.get_running_loop()
         scheduler, blocks, timer = rank.scheduler, rank.blocks, self.timer
+        kv_tokens = blocks.num_blocks * blocks.block_size
         # Simulated clock: when the previous step ended. Steps run back to back are laid
         # end to end on it, so the event loop's timer lateness (about 0.1–1 ms per sleep)
         # does not add up over a stream; after idling it restarts from now.
@@ -296,7 +297,7 @@ class MockerEngine(Engine):
                     await rank.wake.wait()
                     clock = loop.time()
                 continue
-            shape = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
+            shape = StepShape.of(step, kv_tokens)
             self._publish(rank)  # evictions made by this step's allocations
             now = loop.time()
             # Never owe more than MAX_CATCH_UP: a starved process should run slow, not

@@ -7,8 +7,8 @@ from stator.engines.mocker.scheduler import Scheduler, Sequence
 from stator.engines.mocker.timing import PolynomialTiming, ProfileTiming, StepShape, StepTimer
 
 
-def shape(prefill=0, decode=0, context=0, active=0, total=1000) -> StepShape:
-    return StepShape(prefill, decode, context, active, total)
+def shape(prefill=0, decode=0, context=0, total=1000) -> StepShape:
+    return StepShape(prefill, decode, context, total)
 
 
 def test_prefill_and_decode_polynomials():
@@ -16,21 +16,37 @@ def test_prefill_and_decode_polynomials():
     assert model.prefill_ms(shape(prefill=512)) == pytest.approx(
         4.209989e-7 * 512**2 + 1.518344e-2 * 512 + 16.50142
     )
-    assert model.decode_ms(shape(decode=1, active=500)) == pytest.approx(
+    assert model.decode_ms(shape(decode=1, context=500)) == pytest.approx(
         -25.74 * 0.25 + 54.01 * 0.5 + 5.74
     )
-    assert model.decode_ms(shape(decode=1, active=0)) == pytest.approx(5.74)
+    assert model.decode_ms(shape(decode=1, context=0)) == pytest.approx(5.74)
+
+
+def test_decode_load_is_the_decoding_tokens_not_the_blocks_held():
+    # Dynamo 1.6.1 measured: 8 sequences decoding from 65-token prompts in a 256 x 64-token
+    # cache step in ~8.2 ms, what ~800 tokens give; the 16 blocks they hold would give 9.0.
+    blocks = BlockManager(256, 64)
+    sched = Scheduler(blocks)
+    for i in range(8):
+        sched.add(Sequence(str(i), list(range(i * 100, i * 100 + 65)), 65))
+    for seq in sched.complete(sched.schedule()):
+        sched.append_token(seq, 7)
+    step = sched.schedule()
+    s = StepShape.of(step, blocks.num_blocks * blocks.block_size)
+    assert (s.num_decode, s.decode_context, blocks.num_active_blocks) == (8, 8 * 66, 16)
+    u = 8 * 66 / (256 * 64)
+    assert PolynomialTiming().decode_ms(s) == pytest.approx(-25.74 * u * u + 54.01 * u + 5.74)
 
 
 def test_decode_time_is_at_least_one_ms():
     model = PolynomialTiming()
     # u > 2.2 is outside the fitted range and would go negative without the floor.
-    assert model.decode_ms(shape(decode=1, active=2500, total=1000)) == 1.0
+    assert model.decode_ms(shape(decode=1, context=2500, total=1000)) == 1.0
 
 
 def test_step_is_prefill_plus_decode_over_speedup():
     timer = StepTimer(speedup_ratio=2.0)
-    s = shape(prefill=100, decode=3, active=100)
+    s = shape(prefill=100, decode=3, context=100)
     model = PolynomialTiming()
     expected = (model.prefill_ms(s) + model.decode_ms(s)) / 2.0 / 1000
     assert timer.step_seconds(s) == pytest.approx(expected)
@@ -38,20 +54,20 @@ def test_step_is_prefill_plus_decode_over_speedup():
 
 def test_no_prefill_term_without_prefill_tokens():
     timer = StepTimer()
-    s = shape(decode=4, active=0)
+    s = shape(decode=4, context=0)
     assert timer.step_seconds(s) == pytest.approx(5.74 / 1000)
 
 
 def test_decode_speedup_applies_to_decode_only():
     timer = StepTimer(speedup_ratio=1.0, decode_speedup_ratio=4.0)
-    s = shape(prefill=10, decode=1, active=0)
+    s = shape(prefill=10, decode=1, context=0)
     model = PolynomialTiming()
     assert timer.step_seconds(s) == pytest.approx((model.prefill_ms(s) + 5.74 / 4) / 1000)
 
 
 def test_prefill_worker_has_no_decode_time():
     timer = StepTimer(prefill_only=True)
-    s = shape(prefill=64, active=10)
+    s = shape(prefill=64, decode=1, context=10)
     assert timer.step_seconds(s) == pytest.approx(PolynomialTiming().prefill_ms(s) / 1000)
 
 
@@ -64,17 +80,18 @@ def test_scheduled_step_duration_matches_the_model():
     sched = Scheduler(blocks)
     sched.add(Sequence("a", list(range(40)), 40))
     step = sched.schedule()
-    s = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
-    assert (s.prefill_tokens, s.num_decode, s.active_kv_blocks) == (40, 0, 3)
+    s = StepShape.of(step, blocks.num_blocks * blocks.block_size)
+    assert (s.prefill_tokens, s.num_decode, s.decode_context) == (40, 0, 0)
     ms = 4.209989e-7 * 1600 + 1.518344e-2 * 40 + 16.50142  # prefill only: no decode term
     assert StepTimer().step_seconds(s) == pytest.approx(ms / 1000)
     sched.complete(step)
     sched.append_token(sched.running[0], 5)
     sched.add(Sequence("b", list(range(50, 60)), 10))
     step = sched.schedule()
-    s = StepShape.of(step, blocks.num_active_blocks, blocks.num_blocks)
-    assert (s.prefill_tokens, s.num_decode, s.active_kv_blocks) == (10, 1, 4)
-    u = 4 / 100
+    s = StepShape.of(step, blocks.num_blocks * blocks.block_size)
+    # The decode term counts only the decoding sequence's 41 tokens, not b's prefill.
+    assert (s.prefill_tokens, s.num_decode, s.decode_context) == (10, 1, 41)
+    u = 41 / 1600
     ms = 4.209989e-7 * 100 + 1.518344e-2 * 10 + 16.50142 + (-25.74 * u * u + 54.01 * u + 5.74)
     assert StepTimer().step_seconds(s) == pytest.approx(ms / 1000)
 
