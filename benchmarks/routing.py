@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 import stator.router.router as router_module
@@ -183,8 +184,7 @@ def mooncake(args, rng: random.Random) -> list[Arrival]:
             tokens: list[int] = []
             for hid in row["hash_ids"]:
                 if hid not in block:
-                    r = random.Random(hid)
-                    block[hid] = [r.randrange(32000) for _ in range(512)]
+                    block[hid] = np.random.default_rng(hid).integers(0, 32000, 512).tolist()
                 tokens.extend(block[hid])
             length = min(row["input_length"], args.max_input_tokens)
             out.append(
