@@ -424,7 +424,7 @@ def main() -> None:
     parser.add_argument(
         "--kv-overlap-score-weight",
         type=float,
-        default=1.0,
+        default=RouterConfig().kv_overlap_score_weight,
         help="the router's weight of prefill against decode blocks (kv and the load-aware "
         "policies)",
     )
