@@ -24,6 +24,9 @@ tokens the engines served from their cache / all prompt tokens), and the process
 time over wall time (fleet and router share one core: near 100% the numbers measure
 Python, not the routing), and the router's mean decision time (its
 `stator_router_routing_seconds`: hashing the prompt, the index lookup, the cost).
+After the table: each workload's perfect-cache bound (the hit rate of one infinite cache
+every request reaches) and, with `--explain`, how often kv passed over the worker with
+the longest cached prefix and which cost term made another worker cheaper.
 """
 
 from __future__ import annotations
