@@ -24,6 +24,9 @@ tokens the engines served from their cache / all prompt tokens), and the process
 time over wall time (fleet and router share one core: near 100% the numbers measure
 Python, not the routing), and the router's mean decision time (its
 `stator_router_routing_seconds`: hashing the prompt, the index lookup, the cost).
+After the table: each workload's perfect-cache bound (the hit rate of one infinite cache
+every request reaches) and, with `--explain`, how often kv passed over the worker with
+the longest cached prefix and which cost term made another worker cheaper.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
+import stator.router.router as router_module
 from stator.engines.mocker.config import MockerConfig
 from stator.engines.mocker.engine import MockerEngine
+from stator.kv.hashing import block_hashes
 from stator.protocols import (
     AdminRequest,
     AdminResponse,
@@ -181,8 +187,7 @@ def mooncake(args, rng: random.Random) -> list[Arrival]:
             tokens: list[int] = []
             for hid in row["hash_ids"]:
                 if hid not in block:
-                    r = random.Random(hid)
-                    block[hid] = [r.randrange(32000) for _ in range(512)]
+                    block[hid] = np.random.default_rng(hid).integers(0, 32000, 512).tolist()
                 tokens.extend(block[hid])
             length = min(row["input_length"], args.max_input_tokens)
             out.append(
@@ -197,6 +202,92 @@ def mooncake(args, rng: random.Random) -> list[Arrival]:
 
 
 WORKLOADS = {"shared-prefix": shared_prefix, "mooncake": mooncake, "no-reuse": no_reuse}
+
+
+def perfect_cache_hit(arrivals: list[Arrival], block_size: int) -> float:
+    """The prefix hit rate of one infinite cache that every request reaches: prompt
+    tokens of measured requests whose block was already computed by an earlier request
+    (a leading run, as engines match), over all measured prompt tokens. Warm-up requests
+    fill the cache but are not counted. As in the mocker, the last block is always
+    computed. No router can beat this; the gap to it is what routing or eviction lost."""
+    seen: set[int] = set()
+    hit = total = 0
+    for arrival in arrivals:
+        hashes = block_hashes(arrival.tokens, block_size)
+        limit = (len(arrival.tokens) - 1) // block_size
+        depth = 0
+        while depth < limit and hashes[depth] in seen:
+            depth += 1
+        seen.update(hashes)
+        if arrival.measured:
+            hit += depth * block_size
+            total += len(arrival.tokens)
+    return hit / total if total else 0.0
+
+
+# -- why kv routes where it does (--explain) -----------------------------------------
+
+
+@dataclass
+class Explain:
+    """Counts over the kv router's decisions: how often the worker with the longest
+    cached prefix was passed over, how many blocks that cost, and which cost term made
+    another worker cheaper. `queue`: its queued-prefill term alone outweighed its prefix
+    advantage; `active`: its active-blocks term alone did; `both`: only together."""
+
+    decisions: int = 0
+    best_blocks: int = 0  # sum over decisions of the longest cached prefix anywhere
+    chosen_blocks: int = 0  # ... and of the prefix cached on the chosen worker
+    lost: int = 0
+    lost_blocks: int = 0
+    by_term: dict[str, int] = field(default_factory=lambda: {"queue": 0, "active": 0, "both": 0})
+
+    def observe(self, candidates, choice, prompt_tokens: int, block_size: int, weight: float):
+        self.decisions += 1
+        best = max(candidates, key=lambda c: (c.overlap_blocks, -choice.costs[c.key]))
+        chosen = next(c for c in candidates if c.key == choice.key)
+        self.best_blocks += best.overlap_blocks
+        self.chosen_blocks += chosen.overlap_blocks
+        if chosen.overlap_blocks >= best.overlap_blocks:
+            return
+        self.lost += 1
+        self.lost_blocks += best.overlap_blocks - chosen.overlap_blocks
+        advantage = weight * (best.overlap_blocks - chosen.overlap_blocks)
+        queue = (
+            weight * (best.inflight_prefill_tokens - chosen.inflight_prefill_tokens) / block_size
+        )
+        prompt_blocks = -(-prompt_tokens // block_size)
+
+        def decode(c) -> int:
+            return c.active_blocks + max(0, prompt_blocks - c.active_overlap)
+
+        active = decode(best) - decode(chosen)
+        term = "queue" if queue >= advantage else "active" if active >= advantage else "both"
+        self.by_term[term] += 1
+
+    def summary(self) -> str:
+        d = max(self.decisions, 1)
+        return (
+            f"kv decisions {self.decisions}: longest cached prefix {self.best_blocks} blocks, "
+            f"routed to {self.chosen_blocks} ({self.chosen_blocks / max(self.best_blocks, 1):.0%}); "
+            f"passed over the longest prefix {self.lost} times ({self.lost / d:.0%}, "
+            f"{self.lost_blocks} blocks), because of: {self.by_term}"
+        )
+
+
+CHOOSE = router_module.choose
+
+
+def explaining(explain: Explain, block_size: int):
+    """The router's `choose`, recording each decision in `explain`. A benchmark-only
+    wrapper, put in place of the router module's `choose` for one run."""
+
+    def wrapped(candidates, prompt_tokens, size, weight, temperature, rng):
+        choice = CHOOSE(candidates, prompt_tokens, size, weight, temperature, rng)
+        explain.observe(candidates, choice, prompt_tokens, block_size, weight)
+        return choice
+
+    return wrapped
 
 
 # -- the run -----------------------------------------------------------------------------
@@ -214,6 +305,7 @@ class Result:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's CPU time over the run (fleet + router)
     routing_ms: float = 0.0  # mean time the router took to choose (its routing_seconds)
+    explain: Explain = field(default_factory=Explain)
 
 
 async def one_request(router: Router, rid: str, arrival: Arrival, result: Result) -> None:
@@ -278,6 +370,8 @@ async def run(policy: str, arrivals: list[Arrival], args) -> Result:
     router = Router(frontend, client, card, config, registry=CollectorRegistry())
     await router.start()
     result = Result()
+    if args.explain:
+        router_module.choose = explaining(result.explain, args.block_size)
     tasks = []
     t0 = time.perf_counter()
     cpu0 = time.process_time()
@@ -295,6 +389,7 @@ async def run(policy: str, arrivals: list[Arrival], args) -> Result:
         count = values.get("stator_router_routing_seconds_count", 0)
         if count:
             result.routing_ms = values["stator_router_routing_seconds_sum"] / count * 1000
+    router_module.choose = CHOOSE
     await router.close()
     await client.close()
     for host in hosts:
@@ -332,7 +427,7 @@ def main() -> None:
     parser.add_argument(
         "--kv-overlap-score-weight",
         type=float,
-        default=1.0,
+        default=RouterConfig().kv_overlap_score_weight,
         help="the router's weight of prefill against decode blocks (kv and the load-aware "
         "policies)",
     )
@@ -368,6 +463,12 @@ def main() -> None:
     )
     trace.add_argument("--max-input-tokens", type=int, default=16384)
     trace.add_argument("--max-output", type=int, default=32)
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="kv: count how often the worker with the longest cached prefix was passed "
+        "over, and which cost term made another worker cheaper",
+    )
     args = parser.parse_args()
 
     workloads = list(WORKLOADS) if args.workload == "all" else [args.workload]
@@ -377,14 +478,25 @@ def main() -> None:
         "out tok/s | rejected | failed | prefix hit | CPU | routing ms |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    notes = []
     for workload in workloads:
         arrivals = WORKLOADS[workload](args, random.Random(args.seed))
+        notes.append(
+            f"{workload}: {sum(a.measured for a in arrivals)} measured requests; a perfect "
+            f"infinite cache would hit {perfect_cache_hit(arrivals, args.block_size):.1%} "
+            "of their prompt tokens"
+        )
         for policy in policies:
             # Each run gets a fresh event loop, so fresh in-process buses too.
             mem_discovery._stores.clear()
             inproc_events._buses.clear()
             result = asyncio.run(run(policy, arrivals, args))
             print(report(workload, policy, result), flush=True)
+            if args.explain and result.explain.decisions:
+                notes.append(f"{workload} {policy}: {result.explain.summary()}")
+    print()
+    for note in notes:
+        print(note)
 
 
 if __name__ == "__main__":

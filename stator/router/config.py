@@ -13,10 +13,13 @@ ROUTER_MODES = ["round-robin", "random", "power-of-two", "least-loaded", "direct
 @dataclass
 class RouterConfig:
     router_mode: str = option("round-robin", "How to pick a worker", choices=ROUTER_MODES)
+    # 4, not Dynamo's 1: a cached prefix saves prefill, which costs far more engine time
+    # than holding the same blocks while decoding (docs/router.md, "Choosing w").
     kv_overlap_score_weight: float = option(
-        1.0,
+        4.0,
         "kv mode: weight of prefill blocks against decode blocks in the cost "
-        "(higher favours cache hits, lower favours even load)",
+        "(higher favours cache hits and the shortest prefill queue, lower favours even KV "
+        "use; 1 is Dynamo's default)",
     )
     router_temperature: float = option(
         0.0, "kv mode: 0 picks the lowest cost; above 0 samples with softmax over costs"

@@ -15,10 +15,16 @@ def parse(argv, env=None) -> RouterConfig:
 def test_defaults_follow_dynamo():
     config = parse([])
     assert config.router_mode == "round-robin"
-    assert config.kv_overlap_score_weight == 1.0 and config.router_temperature == 0.0
+    assert config.router_temperature == 0.0
     assert config.router_kv_events is True
     assert config.router_ttl == 120.0 and config.router_max_tree_size == 2**20
     assert config.migration_limit is None and config.router_queue_size == 0
+
+
+def test_overlap_weight_defaults_to_4_and_dynamos_1_is_a_flag_away():
+    """Not Dynamo's default (docs/router.md, "Choosing w")."""
+    assert parse([]).kv_overlap_score_weight == 4.0
+    assert parse(["--kv-overlap-score-weight", "1"]).kv_overlap_score_weight == 1.0
 
 
 def test_flags_and_env_twins():

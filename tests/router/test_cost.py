@@ -4,6 +4,7 @@ from collections import Counter
 import pytest
 
 from stator.kv.hashing import block_hashes
+from stator.router import RouterConfig
 from stator.router.cost import Candidate, choose, cost
 from stator.router.kv_index import KvIndex
 
@@ -76,6 +77,23 @@ def test_load_outweighs_affinity():
     idle = Candidate((2, 0), 0, 0, 0, 0)
     choice = choose([cached_but_busy, idle], 8 * BS, BS, 1.0, 0.0, random.Random(0))
     assert choice.key == (2, 0)
+
+
+def test_default_weight_keeps_a_returning_conversation_on_its_cached_worker():
+    """The Mooncake case (block size 64): a 160-block prompt whose first 150 blocks are
+    cached on a worker that runs one other 160-block request, against an idle worker
+    with nothing cached. At Dynamo's w = 1 the other request's active blocks (160) outweigh
+    the 150 cached blocks and the prompt goes to the idle worker to be prefilled again; at
+    the default w the cached worker wins. Queued prefill still moves it (load counts)."""
+    size, prompt_tokens = 64, 160 * 64
+    weight = RouterConfig().kv_overlap_score_weight
+    cached = Candidate((1, 0), 150, 150, 0, 160)
+    idle = Candidate((2, 0), 0, 0, 0, 0)
+    rng = random.Random(0)
+    assert choose([cached, idle], prompt_tokens, size, 1.0, 0.0, rng).key == idle.key
+    assert choose([cached, idle], prompt_tokens, size, weight, 0.0, rng).key == cached.key
+    queued = cached._replace(inflight_prefill_tokens=200 * size)
+    assert choose([queued, idle], prompt_tokens, size, weight, 0.0, rng).key == idle.key
 
 
 def test_full_ties_are_broken_at_random():
