@@ -30,6 +30,7 @@ from mocker_fidelity import (
 from tokenizers import Tokenizer
 
 from tests.model_factory import make_model_dir
+from tests.procs import child_pids
 
 PROBES = str(Path(__file__).resolve().parent / "ttft_probes.py")
 
@@ -82,27 +83,13 @@ def stator_procs_server(args, model_dir: Path, run_dir: Path) -> Server:
     return server
 
 
-def _children(pid: int) -> list[int]:
-    """The PIDs whose parent is `pid` (Linux /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def frontend_cpu(server: Server) -> dict[str, float]:
     """`server.cpu()`, with the frontend's figure summed over its process and its
     children: the `--api-server-count` servers (and multiprocessing's resource tracker,
     idle). With one server there are none and this is `server.cpu()`."""
     cpu = server.cpu()
     if "frontend" in server.cpu_pids:
-        for pid in _children(server.cpu_pids["frontend"]):
+        for pid in child_pids(server.cpu_pids["frontend"]):
             cpu["frontend"] += cpu_seconds(pid)
     return cpu
 

@@ -52,3 +52,17 @@ def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 90.0) -> No
         assert proc.poll() is None, f"stator exited early with code {proc.returncode}"
         assert time.monotonic() < deadline, f"stator never became healthy on port {port}"
         time.sleep(0.3)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The PIDs whose parent is `pid` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # the process exited while we looked
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out

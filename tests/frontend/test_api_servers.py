@@ -16,7 +16,7 @@ import pytest
 
 from stator.frontend.api_servers import ApiServerConfig, reuse_port_socket
 from tests.e2e.fleet import Fleet, live_instances, wait_until
-from tests.procs import repo_env
+from tests.procs import child_pids, repo_env
 
 
 def _frontend(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -86,19 +86,6 @@ def _listening_pids(port: int, candidates: list[int]) -> set[int]:
     return holders
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def _chat(url: str) -> None:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
     # A new connection per call: the kernel picks a listening socket per connection.
@@ -123,10 +110,10 @@ def test_two_servers_share_the_port_and_one_dying_leaves_the_other_serving(tmp_p
         wait_until(lambda: len(live_instances(url, "tiny")) == 1, 90, "the worker", procs)
 
         def both_listening() -> bool:
-            return len(_listening_pids(port, _children(supervisor.proc.pid))) == 2
+            return len(_listening_pids(port, child_pids(supervisor.proc.pid))) == 2
 
         wait_until(both_listening, 60, "two listening frontend processes", procs)
-        servers = sorted(_listening_pids(port, _children(supervisor.proc.pid)))
+        servers = sorted(_listening_pids(port, child_pids(supervisor.proc.pid)))
         # Both serve: every server has its own router, and each must see the worker.
         for _ in range(12):
             _chat(url)
