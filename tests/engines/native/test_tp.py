@@ -5,6 +5,7 @@ logprobs; bad sizes fail at start; ranks never outlive the engine."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -206,22 +207,43 @@ two_gpus = pytest.mark.skipif(
 )
 
 
-@pytest.mark.gpu
-@two_gpus
-@pytest.mark.parametrize(("name", "eager"), [("llama3", False), ("qwen3", False), ("llama3", True)])
-def test_cuda_tp2_matches_tp1_in_float32(checkpoints, name, eager):
-    model_dir, _ = checkpoints(name)
+def _in_own_process(case, *args) -> None:
+    """Run `case(*args)` in a fresh interpreter. A second tensor-parallel group made in one
+    process (after the first was destroyed) waited forever in torch's symmetric-memory
+    rendezvous on the device (the first case passed, the next hung; each passes alone):
+    torch keeps rendezvous state per process that a fresh peer does not share. A serving
+    process makes one group, so each GPU case gets a process of its own."""
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=case, args=args)
+    proc.start()
+    proc.join(600)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        pytest.fail(f"{case.__name__} did not finish in 600 s")
+    assert proc.exitcode == 0, f"{case.__name__} failed (its traceback is above)"
+
+
+def _float32_case(model_dir: Path, eager: bool) -> None:
     config = {"device": "cuda", "dtype": "float32", "max_num_batched_tokens": 24}
     expected = run_all(core_for(model_dir, **config), _requests())
     core = core_for(model_dir, tensor_parallel_size=2, enforce_eager=eager, **config)
     try:
-        # Decode steps replay CUDA graphs holding the NCCL all-reduces unless told not to.
+        # Decode steps replay CUDA graphs holding the all-reduces unless told not to.
         assert (core.runner.graphs is None) == eager
         # Splitting the matmuls changes cuBLAS's kernels and the sum order (and the Triton
         # attention's float32 dots round through tf32): close, not bit-equal.
         _assert_same(expected, run_all(core, _requests()), tol=2e-3)
     finally:
         core.close()
+
+
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize(("name", "eager"), [("llama3", False), ("qwen3", False), ("llama3", True)])
+def test_cuda_tp2_matches_tp1_in_float32(checkpoints, name, eager):
+    model_dir, _ = checkpoints(name)
+    _in_own_process(_float32_case, model_dir, eager)
 
 
 # bfloat16 keeps 8 bits of mantissa: summing the halves of a matmul over two GPUs rounds
@@ -254,10 +276,7 @@ def assert_same_until_a_near_tie(
     return len(want)
 
 
-@pytest.mark.gpu
-@two_gpus
-def test_cuda_tp2_bfloat16_follows_tp1_up_to_near_ties(checkpoints):
-    model_dir, _ = checkpoints("llama3")
+def _bfloat16_case(model_dir: Path) -> None:
     reqs = [greedy_request(f"r{i}", prompt(i, 10 + 13 * i), 16, logprobs=5) for i in range(4)]
     expected = run_all(core_for(model_dir, device="cuda", dtype="bfloat16"), reqs)
     core = core_for(model_dir, device="cuda", dtype="bfloat16", tensor_parallel_size=2)
@@ -272,6 +291,13 @@ def test_cuda_tp2_bfloat16_follows_tp1_up_to_near_ties(checkpoints):
     ]
     # Ties are rare: most requests' first tokens (the prompt's pass) must agree.
     assert sum(m > 0 for m in matched) >= len(reqs) - 1, matched
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_cuda_tp2_bfloat16_follows_tp1_up_to_near_ties(checkpoints):
+    model_dir, _ = checkpoints("llama3")
+    _in_own_process(_bfloat16_case, model_dir)
 
 
 def _rank_pids(marker: str) -> list[int]:
