@@ -121,6 +121,25 @@ def decode_and_ttft(core: EngineCore, rng: random.Random) -> dict[str, float]:
     }
 
 
+def start_decoding(
+    core: EngineCore,
+    rng: random.Random,
+    tag: str,
+    batch: int,
+    prompt_len: int,
+    max_tokens: int,
+    warm_steps: int,
+) -> None:
+    """Add `batch` requests with random prompts, step until every prompt is prefilled, then
+    take `warm_steps` decode steps, so that the next steps are pure decode of that batch."""
+    for i in range(batch):
+        core.add_request(request(f"{tag}-{i}", random_ids(rng, prompt_len), max_tokens))
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
+        core.step()
+    for _ in range(warm_steps):
+        core.step()
+
+
 def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
     config = NativeConfig(
         device="cuda",
@@ -151,12 +170,7 @@ def bench_native(args: argparse.Namespace, model_dir: Path) -> dict:
     # Decode step time by batch size.
     steps, replay = {}, {}
     for bs in args.batch_sizes:
-        for i in range(bs):
-            core.add_request(request(f"s{bs}-{i}", random_ids(rng, 512), 48))
-        while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
-            core.step()
-        for _ in range(3):
-            core.step()
+        start_decoding(core, rng, f"s{bs}", bs, prompt_len=512, max_tokens=48, warm_steps=3)
         torch.cuda.synchronize()
         start, n = time.perf_counter(), 24
         for _ in range(n):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import re
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from native_gpu import LLAMA_31_8B, copy_bandwidth, random_ids, request
+from native_gpu import LLAMA_31_8B, copy_bandwidth, start_decoding
 
 from stator.engines.native.config import NativeConfig
 from stator.engines.native.engine_core import EngineCore
@@ -179,17 +180,10 @@ def main() -> None:
             gpu_memory_utilization=0.5,
         )
         core = EngineCore(config, model_dir)
-        import random
-
         rng = random.Random(0)
         res["graphs"] = {}
         for bs in args.batch_sizes:
-            for i in range(bs):
-                core.add_request(request(f"p{bs}-{i}", random_ids(rng, 256), 40))
-            while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
-                core.step()
-            for _ in range(4):
-                core.step()
+            start_decoding(core, rng, f"p{bs}", bs, prompt_len=256, max_tokens=40, warm_steps=4)
             res["graphs"][bs] = profile_graph(core, bs)
             res["graphs"][bs]["steps"] = profile_steps(core)
             while core.has_work():
