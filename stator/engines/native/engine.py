@@ -183,6 +183,7 @@ class NativeEngine(Engine):
         return {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
+            "preemptions_total": core.scheduler.num_preemptions,
         }
 
     # -- the loop ------------------------------------------------------------------------
