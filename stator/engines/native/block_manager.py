@@ -24,7 +24,7 @@ from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEvent, KvE
 
 
 class Block:
-    __slots__ = ("hash", "id", "parent_hash", "ref_count", "token_ids")
+    __slots__ = ("hash", "id", "lora_name", "parent_hash", "ref_count", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.id = block_id
@@ -32,6 +32,7 @@ class Block:
         self.hash: int | None = None  # set while the block is in the prefix cache
         self.parent_hash: int | None = None
         self.token_ids: list[int] = []
+        self.lora_name: str | None = None
 
 
 class BlockManager:
@@ -75,7 +76,7 @@ class BlockManager:
         """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens`
         more; False (and no change) when the free blocks do not suffice."""
         hits: list[int] = []
-        if self.prefix_caching and not seq.wants_prompt_logprobs:
+        if self._cacheable(seq) and not seq.wants_prompt_logprobs:
             self._hash_full_blocks(seq)
             # Never the whole sequence: its last token must be computed to sample from.
             limit = (seq.num_tokens - 1) // self.block_size
@@ -125,7 +126,7 @@ class BlockManager:
 
     def commit(self, seq: Sequence) -> None:
         """Offer the sequence's newly completed blocks to the prefix cache."""
-        if not self.prefix_caching:
+        if not self._cacheable(seq):
             return
         full = seq.num_computed_tokens // self.block_size
         if full <= seq.num_committed_blocks:
@@ -145,12 +146,14 @@ class BlockManager:
                             parent_hash=parent,
                             token_ids=tokens,
                             block_size=self.block_size,
+                            lora_name=seq.lora_name,
                         )
                     )
                 stored, tokens, parent = [], [], h
                 continue
             block.hash, block.parent_hash = h, (seq.block_hashes[i - 1] if i else None)
             block.token_ids = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            block.lora_name = seq.lora_name
             self._cached[h] = block.id
             stored.append(h)
             tokens.extend(block.token_ids)
@@ -161,6 +164,7 @@ class BlockManager:
                     parent_hash=parent,
                     token_ids=tokens,
                     block_size=self.block_size,
+                    lora_name=seq.lora_name,
                 )
             )
         seq.num_committed_blocks = full
@@ -195,6 +199,7 @@ class BlockManager:
                 continue  # a copy already cached elsewhere (a hole in the GPU prefix)
             block.hash = h
             block.parent_hash = seq.block_hashes[index - 1] if index else None
+            block.lora_name = seq.lora_name
             bs = self.block_size
             block.token_ids = seq.token_ids[index * bs : (index + 1) * bs]
             self._cached[h] = block_id
@@ -208,13 +213,14 @@ class BlockManager:
         tokens: list[int] = []
         for h in hashes:
             tokens.extend(self.blocks[self._cached[h]].token_ids)
-        parent = self.blocks[self._cached[hashes[0]]].parent_hash
+        first = self.blocks[self._cached[hashes[0]]]
         self._emit(
             BlockStored(
                 block_hashes=hashes,
-                parent_hash=parent,
+                parent_hash=first.parent_hash,
                 token_ids=tokens,
                 block_size=self.block_size,
+                lora_name=first.lora_name,
             )
         )
 
@@ -255,6 +261,7 @@ class BlockManager:
                     parent_hash=block.parent_hash,
                     token_ids=list(block.token_ids),
                     block_size=self.block_size,
+                    lora_name=block.lora_name,
                 )
                 out.append(KvEvent(worker_id=self.worker_id, event_id=last, data=data))
         if self.offload is not None:
@@ -272,9 +279,16 @@ class BlockManager:
             parent = seq.block_hashes[-1] if have else None
             seq.block_hashes.extend(
                 block_hashes(
-                    seq.token_ids[start : full * self.block_size], self.block_size, parent=parent
+                    seq.token_ids[start : full * self.block_size],
+                    self.block_size,
+                    parent=parent,
+                    lora_name=seq.lora_name,
                 )
             )
+
+    def _cacheable(self, seq: Sequence) -> bool:
+        # Prompt embeddings have no token ids to hash: their KV is the request's alone.
+        return self.prefix_caching and seq.prompt_embeds is None
 
     def _acquire(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -292,7 +306,11 @@ class BlockManager:
                 if self.offload is not None:
                     self.evicted.append(
                         EvictedBlock(
-                            block.hash, block.parent_hash, tuple(block.token_ids), block_id
+                            block.hash,
+                            block.parent_hash,
+                            tuple(block.token_ids),
+                            block_id,
+                            block.lora_name,
                         )
                     )
             block.hash, block.parent_hash, block.token_ids = None, None, []

@@ -37,6 +37,7 @@ _SUFFIX = ".kv"
 class _Header(msgspec.Struct, array_like=True):
     parent_hash: int | None
     token_ids: list[int]
+    lora_name: str | None = None
 
 
 class DiskTier:
@@ -82,7 +83,9 @@ class DiskTier:
                 f.unlink(missing_ok=True)
                 continue
             self._lru[block_hash] = None
-            self.meta[block_hash] = BlockMeta(header.parent_hash, tuple(header.token_ids))
+            self.meta[block_hash] = BlockMeta(
+                header.parent_hash, tuple(header.token_ids), header.lora_name
+            )
         while len(self._lru) > self.capacity:  # the budget may have shrunk
             self._delete(self._lru.popitem(last=False)[0])
         if self._lru:
@@ -176,7 +179,9 @@ class DiskTier:
                         if data is not None and self._pending.get(block_hash) is data:
                             del self._pending[block_hash]
                 else:
-                    header = msgspec.msgpack.encode(_Header(meta.parent_hash, list(meta.token_ids)))
+                    header = msgspec.msgpack.encode(
+                        _Header(meta.parent_hash, list(meta.token_ids), meta.lora_name)
+                    )
                     tmp = path.with_suffix(".tmp")
                     with tmp.open("wb") as f:
                         f.write(_LEN.pack(len(header)))

@@ -24,6 +24,7 @@ class BlockMeta:
 
     parent_hash: int | None
     token_ids: tuple[int, ...]
+    lora_name: str | None = None
 
 
 class HostTier:

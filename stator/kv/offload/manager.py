@@ -42,6 +42,7 @@ class EvictedBlock:
     parent_hash: int | None
     token_ids: tuple[int, ...]
     block_id: int
+    lora_name: str | None = None
 
 
 @dataclass
@@ -129,7 +130,7 @@ class OffloadManager:
         event = self.mover.save([b.block_id for b in fresh], self.host.buffer, slots)
         self.host.mark(slots, event)
         for b, slot in zip(fresh, slots, strict=True):
-            self.host.put(b.block_hash, slot, BlockMeta(b.parent_hash, b.token_ids))
+            self.host.put(b.block_hash, slot, BlockMeta(b.parent_hash, b.token_ids, b.lora_name))
         self.stats.blocks_saved["host"] += len(fresh)
         self._announce("host", [b.block_hash for b in fresh], self.host.meta)
 
@@ -326,6 +327,7 @@ class OffloadManager:
             parent_hash=metas[hashes[0]].parent_hash,
             token_ids=tokens,
             block_size=self.block_size,
+            lora_name=metas[hashes[0]].lora_name,
             tier=tier,
         )
 
@@ -333,7 +335,10 @@ class OffloadManager:
         """`BlockStored` events for `hashes`, one per chain of parent -> child."""
         chain: list[int] = []
         for h in hashes:
-            if chain and metas[h].parent_hash != chain[-1]:
+            meta = metas[h]
+            if chain and (
+                meta.parent_hash != chain[-1] or meta.lora_name != metas[chain[0]].lora_name
+            ):
                 self._emit(self._stored(tier, chain, metas))
                 chain = []
             chain.append(h)
