@@ -121,7 +121,7 @@ def test_protocol_round_trip():
     final = EngineOutput(token_ids=[9], finish_reason="length", cached_tokens=16, disagg=params)
     assert is_handoff(final)
     dec = decode_request(req, final, params)
-    assert dec.token_ids == req.token_ids + [9] and dec.stop.max_tokens == 4
+    assert dec.token_ids == [*req.token_ids, 9] and dec.stop.max_tokens == 4
     assert dec.disagg is params
     last = EngineOutput(finish_reason="length", usage=_usage(41, 4, 0))
     told = as_part_of_original(last, req, final)
