@@ -60,7 +60,12 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        y = self._reference(x, weights, ids)
+        if x.is_cuda:
+            from stator.engines.native.kernels.fused_moe import fused_moe
+
+            y = fused_moe(x, weights, ids, self)
+        else:
+            y = self._reference(x, weights, ids)
         return parallel.all_reduce(y) if self.tp.size > 1 else y
 
     def expert_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
