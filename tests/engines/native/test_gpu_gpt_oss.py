@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 
-def _moe(packed: bool, tp: TPShard = TPShard(), experts: int = 32):  # noqa: B008
+def _moe(packed: bool, tp: TPShard = TPShard(), experts: int = 32):
     from stator.engines.native.models.moe import MoE
 
     spec = ModelSpec.from_dicts({**GPT_OSS_20B, "num_local_experts": experts}, {})
