@@ -72,6 +72,8 @@ def build_card(
 ) -> ModelCard:
     """The card to publish: the engine's own, with the operator's settings on top."""
     changes: dict = {"name": served_name, "migration_limit": config.migration_limit}
+    if config.role != "aggregated":
+        changes["role"] = config.role
     reasoning, tools = default_parsers(model_dir)
     reasoning = config.reasoning_parser or engine_card.reasoning_parser or reasoning
     tools = config.tool_call_parser or engine_card.tool_call_parser or tools
