@@ -98,11 +98,22 @@ def timed(fn, n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
-GEMV_SWEEP = [(16, 256, 4), (8, 256, 4), (16, 512, 4), (32, 256, 4), (16, 128, 2), (8, 512, 8)]
-GEMM_SWEEP = {
-    64: [(16, 64, 64, 4, 4), (32, 64, 64, 4, 4), (16, 128, 64, 4, 3), (32, 128, 64, 4, 3)],
-    2048: [(64, 128, 64, 8, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4), (128, 64, 64, 4, 3)],
+GEMV_SWEEP = [(8, 256, 4), (8, 512, 4), (4, 256, 2), (4, 512, 4), (16, 512, 4)]
+GEMM_SWEEP = {  # spill-free under ptxas for both kernels, or nearly (tile M, N, K, warps, stages)
+    64: [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (16, 128, 64, 4, 3)],
+    2048: [(64, 64, 64, 8, 3), (128, 64, 32, 8, 4), (64, 128, 64, 8, 3)],
 }
+
+
+def graph_timed(fn, n: int) -> float:
+    """Seconds per call of `fn` replayed as a CUDA graph (no launch overhead, as in the
+    engine's decode graphs)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, n)
 
 
 def _sweep(apply, configs, fn, n: int) -> tuple[dict, tuple]:
@@ -112,7 +123,7 @@ def _sweep(apply, configs, fn, n: int) -> tuple[dict, tuple]:
     for cfg in configs:
         apply(cfg)
         try:
-            t = timed(fn, n)
+            t = graph_timed(fn, n)
         except Exception as exc:  # a config that does not compile or fit: skip it
             times[str(cfg)] = f"failed: {type(exc).__name__}"
             continue
@@ -124,8 +135,10 @@ def _sweep(apply, configs, fn, n: int) -> tuple[dict, tuple]:
     return times, best
 
 
+@torch.inference_mode()
 def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
-    """The fused MoE of one layer alone (router included), by batch, after sweeping the
+    """The fused MoE of one layer alone (router included; CUDA graphs), by batch, after
+    sweeping the
     tile configurations of batch 1 (streaming kernels), 64 and 2,048 tokens (grouped
     GEMMs); the best of each stays installed for the engine runs that follow."""
     from stator.engines.native.kernels import fused_moe as fm
@@ -144,7 +157,8 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     times, best = _sweep(gemv_cfg, GEMV_SWEEP, lambda: moe(xs[1]), 50)
     res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
     res["b1_bandwidth_frac"] = round(4 * per_expert / best[0] / bandwidth, 3)
-    for slot, tokens in ((1, 64), (2, 2048)):
+    for tokens in (64, 2048):
+        slot = next(i for i, (most, _) in enumerate(fm.CONFIGS) if tokens * 4 <= most)
 
         def gemm_cfg(cfg, slot=slot):
             fm.CONFIGS[slot] = (fm.CONFIGS[slot][0], cfg)
@@ -153,7 +167,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
         res["sweep_us"][tokens], res["best"][tokens] = times, best[1]
     for tokens in (1, 2, 8, 16, 64, 256, 2048):
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
-        res["by_batch_us"][tokens] = round(timed(lambda x=x: moe(x), 20) * 1e6, 1)
+        res["by_batch_us"][tokens] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
     return res
 
 
@@ -172,7 +186,7 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
     config = NativeConfig(
         device="cuda", dtype="bfloat16", load_format="dummy", moe_weights=moe_weights,
         max_model_len=args.max_model_len, max_num_seqs=256, max_num_batched_tokens=8192,
-        gpu_memory_utilization=0.9,
+        gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip
     t0 = time.perf_counter()
     core = EngineCore(config, model_dir)
@@ -190,6 +204,8 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
     res["floor_tok_s_mxfp4_bytes"] = round(bandwidth / mx["total"], 1)
     res["ratio_to_mxfp4_floor"] = round(res["b1_decode_tok_s"] / res["floor_tok_s_mxfp4_bytes"], 3)
     res["ratio_to_own_floor"] = round(res["b1_decode_tok_s"] / res["floor_tok_s_own_bytes"], 3)
+    if args.profile:
+        res["profile_b1_eager"] = profile_b1(core, rng)
     graphs = core.runner.graphs
     if graphs is not None and 1 in graphs.graphs:
         res["b1_graph_replay_ms"] = round(timed(graphs.graphs[1].replay, 50) * 1e3, 3)
@@ -221,6 +237,32 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
     return res
 
 
+def profile_b1(core: EngineCore, rng: random.Random) -> list:
+    """CUDA time per kernel name over 8 eager batch-1 decode steps (graphs off)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, core.runner.graphs = core.runner.graphs, None
+    core.add_request(request("prof", random_ids(rng, 32), 24))
+    for _ in range(8):
+        core.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(8):
+            core.step()
+        torch.cuda.synchronize()
+    drain(core)
+    core.runner.graphs = graphs
+    rows = sorted(prof.key_averages(), key=lambda e: -_device_us(e))[:25]
+    return [
+        {"name": e.key[:90], "calls": e.count, "us_per_step": round(_device_us(e) / 8, 1)}
+        for e in rows
+    ]
+
+
+def _device_us(event) -> float:
+    return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+
+
 def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
     from stator.bench.config import BenchConfig
     from stator.bench.runner import run_benchmark
@@ -229,7 +271,8 @@ def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--model", str(model_dir),
            "--load-format", "dummy", "--dtype", "bfloat16", "--moe-weights", moe_weights,
-           "--max-model-len", str(args.max_model_len), "--max-num-seqs", "256"]  # fmt: skip
+           "--max-model-len", str(args.max_model_len), "--max-num-seqs", "256",
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]  # fmt: skip
     with log.open("wb") as handle:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
     try:
@@ -243,12 +286,20 @@ def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
         cfg = BenchConfig(
             url=url, endpoint="completions", tokenizer=str(model_dir), concurrency=256,
             num_requests=args.http_requests, warmup=4, isl=600, isl_std=230, osl=350,
-            osl_std=85, progress=False, out=str(out / f"bench_{moe_weights}"), plots=False,
+            osl_std=85, progress=False, plots=False,
         )  # fmt: skip
-        s = asyncio.run(run_benchmark(cfg)).points[0].summary
-        return {k: s.get(k) for k in ("successful_requests", "failed_requests",
-                "errors_by_status", "output_token_throughput", "time_to_first_token",
-                "inter_token_latency", "duration")}  # fmt: skip
+        point = asyncio.run(run_benchmark(cfg)).points[0]
+        s = point.summary
+        res = {k: s.get(k) for k in ("successful_requests", "failed_requests",
+               "errors_by_status", "output_token_throughput", "time_to_first_token",
+               "inter_token_latency", "duration")}  # fmt: skip
+        # What failed, and when (seconds into the run, tokens already streamed).
+        res["errors"] = [
+            {"start": round(r.start, 2), "status": r.status, "error": r.error,
+             "output_tokens": r.output_tokens, "latency": r.latency}
+            for r in point.records if not r.ok
+        ][:20]  # fmt: skip
+        return res
     finally:
         proc.terminate()
         try:
@@ -260,42 +311,46 @@ def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="20b")
-    ap.add_argument("--moe-weights", nargs="+", default=["mxfp4", "bf16"])
+    ap.add_argument(
+        "--parts", nargs="+", default=["moe", "engine"], choices=["moe", "engine", "http"]
+    )
+    ap.add_argument("--moe-weights", default="mxfp4", choices=["mxfp4", "bf16"])
     ap.add_argument("--tokenizer-json", type=Path)
     ap.add_argument("--http-requests", type=int, default=1000)
     ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
-    ap.add_argument("--skip-moe", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="kernel times of 5 eager b1 steps")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
-    res: dict = {"device": torch.cuda.get_device_name(), "model": f"gpt-oss-{args.model}"}
+    mode = args.moe_weights
+    res: dict = {"device": torch.cuda.get_device_name(), "model": f"gpt-oss-{args.model}",
+                 "moe_weights": mode}  # fmt: skip
+    args.name = f"gpt_oss_{args.model}_{mode}_{'_'.join(args.parts)}"
     bandwidth = copy_bandwidth()
     res["copy_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
+    torch.cuda.empty_cache()
     experts = SHAPES[args.model]["num_local_experts"]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_model_dir(Path(tmp), args.model, args.tokenizer_json)
-        for i, mode in enumerate(args.moe_weights):
-            if not args.skip_moe:
-                res[f"moe_layer_{mode}"] = bench_moe_layer(mode == "mxfp4", experts, bandwidth)
-                print(json.dumps(res[f"moe_layer_{mode}"]), flush=True)
+        for part in args.parts:
+            if part == "http":
+                res["http"] = bench_http(args, model_dir, mode, args.out)
+            elif part == "moe":
+                res["moe_layer"] = bench_moe_layer(mode == "mxfp4", experts, bandwidth)
+            else:
+                res["engine"] = bench_engine(args, model_dir, args.model, mode, bandwidth)
             gc.collect()
             torch.cuda.empty_cache()
-            res[f"engine_{mode}"] = bench_engine(args, model_dir, args.model, mode, bandwidth)
-            print(json.dumps(res[f"engine_{mode}"]), flush=True)
+            print(json.dumps(res[{"moe": "moe_layer"}.get(part, part)]), flush=True)
             save(args, res)
-            if i == 0 and args.http_requests and args.tokenizer_json is not None:
-                # Served second, before the other format: the goal's number comes first.
-                http = bench_http(args, model_dir, mode, args.out)
-                res["http"] = {mode: http}
-                print(json.dumps(http), flush=True)
-                save(args, res)
     print(save(args, res))
 
 
 def save(args: argparse.Namespace, res: dict) -> str:
     """Write what is measured so far (a run cut short keeps its earlier parts)."""
     text = json.dumps(res, indent=2, default=str)
-    (args.out / f"gpt_oss_{args.model}.json").write_text(text)
+    (args.out / f"{args.name}.json").write_text(text)
     return text
 
 

@@ -60,8 +60,9 @@ def random_packed(
     trained model's scale (|w| <= 6 * 2^-7, RMS ~0.02)."""
     *lead, cols = shape
     groups = cols // GROUP
+    # uint8 straight away: an int64 draw of 120B's largest tensor would need 8.5 GB.
     blocks = torch.randint(
-        0, 256, (*lead, groups, GROUP // 2), generator=generator, device=device
-    ).to(torch.uint8)
+        0, 256, (*lead, groups, GROUP // 2), generator=generator, device=device, dtype=torch.uint8
+    )
     scales = torch.full((*lead, groups), SCALE_BIAS - 7, dtype=torch.uint8, device=device)
     return blocks, scales
