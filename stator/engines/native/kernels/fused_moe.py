@@ -164,13 +164,13 @@ def moe_align(
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by the most (token, expert) pairs they serve.
 # Measured on H100, 20B shapes, MXFP4, one layer as a CUDA graph (benchmarks/gpt_oss_gpu.py,
-# 2026-11-27): 64 tokens 712 us (16, 128, 64, 4, 3) vs 732-1036 for the others tried; 256
-# tokens 1,536 us (32, 64, 64, 4, 4) vs 2,290 with 3 stages; 2,048 tokens 7.75 ms
-# (128, 128, 64, 8, 3) vs 11.9-15.9 ms. ptxas reports register spills for the wide tiles
-# (the up kernel holds two accumulators); they are still the fastest measured.
+# 2026-11-27): 64 tokens 712-801 us with (16, 128, 64, 4, 3) vs 732-1,146 for the others
+# tried; 256 tokens 1,536 us with it (a decode step of 256 sequences 36 ms; 55 ms with
+# (32, 64, 64, 4, 3)); 2,048 tokens 7.75 ms with (128, 128, 64, 8, 3) vs 11.9-15.9 ms.
+# ptxas reports register spills for these wide tiles (the up kernel holds two
+# accumulators); they are still the fastest measured.
 CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 128, 64, 4, 3)),
-    (2048, (32, 64, 64, 4, 4)),
+    (1024, (16, 128, 64, 4, 3)),
     (1 << 62, (128, 128, 64, 8, 3)),
 ]
 
