@@ -264,6 +264,13 @@ async def test_a_pool_that_dies_mid_stream_hands_the_stream_on(fleet, router_and
     (continued,) = slow.requests
     assert continued.token_ids == [1, 2, 3, 4, 100, 101]
     assert continued.stop.max_tokens == 4
-    assert sample(
-        registry, "stator_global_router_fallbacks_total", model="tiny", pool="fast", why="failed"
-    ) == 1
+    assert (
+        sample(
+            registry,
+            "stator_global_router_fallbacks_total",
+            model="tiny",
+            pool="fast",
+            why="failed",
+        )
+        == 1
+    )
