@@ -35,9 +35,13 @@ def option(
     choices: list[str] | None = None,
     flag: str | None = None,
     metavar: str | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
-    """A config field with its help text (and, optionally, choices or a custom flag name)."""
+    """A config field with its help text (and, optionally, choices, a custom flag name, or
+    older flag names kept as `aliases`; an alias a parser already has for another flag is
+    left out there)."""
     meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
+    meta["aliases"] = tuple(aliases)
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -134,7 +138,14 @@ def add_flags(
                 kwargs["choices"] = f.metadata["choices"]
             if f.metadata.get("metavar"):
                 kwargs["metavar"] = f.metadata["metavar"]
-        parser.add_argument(flag_name(f), **kwargs)
+        taken = _option_strings(parser)
+        aliases = [a for a in f.metadata.get("aliases", ()) if a not in taken]
+        parser.add_argument(flag_name(f), *aliases, **kwargs)
+
+
+def _option_strings(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> set[str]:
+    # An argument group shares its parser's table of option strings.
+    return set(getattr(parser, "_option_string_actions", {}))
 
 
 def from_args(cls: type[T], namespace: argparse.Namespace, **overrides: Any) -> T:

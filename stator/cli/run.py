@@ -31,15 +31,12 @@ class RunConfig:
         "native", "Engine: native | mocker | vllm | package.module:factory", metavar="ENGINE"
     )
     workers: int = option(1, "Number of workers (engines) behind the router")
-    host: str = option("127.0.0.1", "Address the HTTP server binds (0.0.0.0: all)")
-    port: int = option(8000, "HTTP port (0 = any free port)")
     namespace: str = option("stator", "Namespace of the in-process fleet")
 
 
-# Fields the run command sets itself: the HTTP address (its --host/--port), the workers'
-# endpoint and status servers (an embedded fleet needs neither), and the migration limit
-# (the router's flag).
-FRONTEND_SKIPPED = frozenset({"http_host", "http_port"})
+# Fields the run command sets itself: the workers' endpoint and status servers (an
+# embedded fleet needs neither), and the migration limit (the router's flag).
+FRONTEND_SKIPPED: frozenset[str] = frozenset()
 WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit"})
 
 
@@ -111,9 +108,7 @@ def run(args: argparse.Namespace) -> int:
     worker_config = from_args(
         WorkerConfig, parsed, migration_limit=router_config.migration_limit or 0
     )
-    frontend_config = from_args(
-        FrontendConfig, parsed, http_host=run_config.host, http_port=run_config.port
-    )
+    frontend_config = from_args(FrontendConfig, parsed)
     try:
         model_dir = worker_model_dir(worker_config, from_args(DownloadConfig, parsed))
     except ModelNotFound as exc:

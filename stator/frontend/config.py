@@ -9,8 +9,12 @@ from stator.config import option
 
 @dataclass
 class FrontendConfig:
-    http_host: str = option("0.0.0.0", "Address the HTTP server binds")
-    http_port: int = option(8000, "HTTP port (0 = any free port)")
+    # --host/--port: `stator run`'s older names. On `stator frontend`, --host stays the
+    # runtime's (the address of the TCP planes), so there only --port is an alias.
+    http_host: str = option(
+        "127.0.0.1", "Address the HTTP server binds (0.0.0.0: all)", aliases=("--host",)
+    )
+    http_port: int = option(8000, "HTTP port (0 = any free port)", aliases=("--port",))
     access_log: bool = option(False, "Log every HTTP request (uvicorn's access log)")
     model_wait_timeout: float = option(
         0.0,

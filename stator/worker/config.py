@@ -31,8 +31,11 @@ class WorkerConfig:
     )
     reasoning_parser: str | None = option(None, "Reasoning parser the frontend should apply")
     tool_call_parser: str | None = option(None, "Tool-call parser the frontend should apply")
-    context_length: int | None = option(
-        None, "Override the context length published in the model card"
+    max_model_len: int = option(
+        0,
+        "Context length in tokens, for the engine and the model card alike (0 = the "
+        "engine's own); more than the engine can hold is refused at start-up",
+        aliases=("--context-length",),
     )
     migration_limit: int = option(
         0, "How many times a stream cut by a dying worker may be re-sent elsewhere"

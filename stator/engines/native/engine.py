@@ -144,7 +144,9 @@ class NativeEngine(Engine):
                 if (Path(self.model_path) / name).is_file()
             ],
             chat_template=read_chat_template(self.model_path),
-            context_length=core.max_model_len,
+            # What one sequence can really hold: a prompt past the KV cache's capacity is
+            # refused by the frontend's context check (400), never by the engine.
+            context_length=core.max_total_tokens,
             kv_block_size=self.config.block_size,
             total_kv_blocks=core.blocks.num_blocks,
             max_num_seqs=self.config.max_num_seqs,

@@ -22,6 +22,7 @@ from stator.engines.native.loader import load_weights
 from stator.engines.native.models import model_class
 from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
+from stator.kv.block_copy import pool_shape
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class ModelRunner:
         if self.device.type == "cuda" and config.tune_gemv and half:
             self._choose_gemv()
         self.graphs: DecodeGraphs | None = None
+        self.kv_pool: torch.Tensor | None = None
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
         self._allocate_kv(self.num_blocks)
@@ -139,11 +141,19 @@ class ModelRunner:
         log.info("split-K GEMV for batch <= 8: %s", chosen)
 
     def _allocate_kv(self, num_blocks: int) -> None:
-        shape = (num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
-        for layer in self.model.attention_layers():
-            # Zeroed, not empty: padded gathers read unused slots and must see finite values.
-            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        """One pool tensor for every layer's keys and values (`stator.kv.block_copy`):
+        each layer's caches are contiguous views of it, and whole blocks move in and out
+        of it (offload tiers, KV transfer) with one gather or scatter."""
+        layers = self.model.attention_layers()
+        shape = pool_shape(
+            len(layers), num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim
+        )
+        self.kv_pool = None  # free the old pool before allocating the new one
+        # Zeroed, not empty: padded gathers read unused slots and must see finite values.
+        self.kv_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache = self.kv_pool[i, 0]
+            layer.v_cache = self.kv_pool[i, 1]
 
     @torch.inference_mode()
     def _warm_up_peak(self) -> int:
