@@ -16,6 +16,7 @@ SUBCOMMANDS: list[str] = [
     "frontend",
     "worker",
     "global-router",
+    "planner",
     "profile",
     "download",
     "bench",
