@@ -12,9 +12,9 @@ from aiohttp import web
 
 pytest.importorskip("kubernetes")
 
-from kubernetes import client  # noqa: E402
+from kubernetes import client
 
-from stator.planner.connectors.kubernetes import KubernetesConnector  # noqa: E402
+from stator.planner.connectors.kubernetes import KubernetesConnector
 
 
 def deployment(name: str, role: str, replicas: int, pool: str | None = None) -> dict:
