@@ -101,6 +101,8 @@ class WorkerHost:
         await self.runtime.serve(self.endpoint, self._generate, EngineRequest)
         await self.runtime.serve(self.admin_endpoint, self._admin_handler, AdminRequest)
         self._card_key = await self.runtime.publish_model_card(self.endpoint, self.card)
+        if self.engine.list_loras():  # adapters loaded at start get their own cards too
+            await self._republish_card()
         self.healthy = True
         self._started = True
         self._spawn(self._forward_kv_events(), "kv events")
