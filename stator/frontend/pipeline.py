@@ -189,12 +189,13 @@ class ModelPipeline:
         metrics: FrontendMetrics,
         router: Any = None,
     ) -> ModelPipeline:
-        """`router`: a router-shaped object to use instead of a `Router` over `endpoint`
-        (the global router's view of the model: `generate`, busy thresholds, `client`)."""
+        """`router`: a router-shaped object to use instead of the routers over `endpoint`
+        and its prefill workers (the global router's view of the model: `generate`, busy
+        thresholds, `client`, `close`)."""
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
         if router is not None:
-            return cls(card, files, router.client, router, metrics)
+            return cls(card, files, router.client, router, metrics, disagg=router)
         client = await runtime.client(endpoint, EngineOutput)
         router = Router(runtime, client, card, router_config, registry=metrics.registry)
         # Prefill workers of this namespace, wherever the model's own workers serve.

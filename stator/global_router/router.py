@@ -259,6 +259,9 @@ class ModelRoutes:
         self.global_router = global_router
         self.model = model
         self.client = _Instances(self)
+        # The pools' routers are the global router's to close, not the pipeline's.
+        self.prefill = None
+        self.prefill_admin = None
 
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         return self.global_router.generate(request)
