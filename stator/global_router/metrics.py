@@ -15,9 +15,10 @@ class GlobalRouterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.decisions = Counter(
             "stator_global_router_decisions_total",
-            "Requests sent to a pool (stage: prefill or decode grid; reason: grid, "
+            "Requests sent to a pool (stage: the prefill or decode grid named it, or disagg: "
+            "prompt at prefill_pool's prefill workers, output at pool; reason: grid, "
             "priority override, or fallback from the grid's pool)",
-            ["model", "stage", "pool", "reason"],
+            ["model", "stage", "pool", "prefill_pool", "reason"],
             registry=registry,
         )
         self.fallbacks = Counter(

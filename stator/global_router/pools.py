@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from stator.protocols import EngineOutput, ModelCard, decode
+from stator.protocols import AdminResponse, EngineOutput, ModelCard, decode
 from stator.router import Router, RouterConfig
 from stator.router.busy import is_busy
-from stator.runtime import Runtime, RuntimeConfig
-from stator.runtime.names import EndpointName, models_prefix
+from stator.runtime import Client, Runtime, RuntimeConfig
+from stator.runtime.names import PREFILL_COMPONENT, EndpointName, models_prefix
 from stator.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,7 @@ class Pool:
         self.routes: dict[tuple[str, str], PoolRoute] = {}
         self._key_route: dict[str, tuple[str, str]] = {}
         self._watch: asyncio.Task | None = None
+        self._admin: Client | None = None
         self.listeners: list[Callable[[], None]] = []
 
     async def start(self) -> None:
@@ -81,9 +82,19 @@ class Pool:
         self._watch = asyncio.create_task(self._watch_cards(), name=f"pool {self.namespace}")
         await asyncio.sleep(0)
 
+    async def prefill_admin(self) -> Client:
+        """The admin endpoint of this pool's prefill workers (to release pinned KV)."""
+        if self._admin is None:
+            assert self.runtime is not None
+            endpoint = EndpointName(self.namespace, PREFILL_COMPONENT, "admin")
+            self._admin = await self.runtime.client(endpoint, AdminResponse)
+        return self._admin
+
     async def close(self) -> None:
         if self._watch is not None:
             await cancel_and_wait([self._watch])
+        if self._admin is not None:
+            await self._admin.close()
         routes, self.routes = list(self.routes.values()), {}
         for route in routes:
             await self._close_route(route)
@@ -125,9 +136,11 @@ class Pool:
     async def _build(self, route: PoolRoute) -> Router:
         assert self.runtime is not None
         client = await self.runtime.client(route.endpoint, EngineOutput)
-        router = Router(
-            self.runtime, client, route.card, self.router_config, registry=self.registry
-        )
+        config = self.router_config
+        if route.card.role == "prefill":
+            # As the frontend's prefill router: replicas share only decode-side load.
+            config = dataclasses.replace(config, router_replica_sync=False)
+        router = Router(self.runtime, client, route.card, config, registry=self.registry)
         await router.start()
         return router
 

@@ -1,16 +1,24 @@
 """`GlobalRouter`: picks a pool for each request from the grids, then lets that pool's
 local router pick the worker.
 
-The prefill grid (ISL × TTFT target) picks where the prompt is computed. A pool of
-aggregated workers there serves the whole request. Without prefill pools (or when none
-of them can serve) the decode grid (context length × ITL target) picks the pool.
+The prefill grid (ISL × TTFT target) picks where the prompt is computed, the decode grid
+(context length × ITL target) where the output is generated:
+
+- a prefill pool of prefill workers (`stator worker --role prefill`) computes the prompt
+  and hands the request to the decode pool the decode grid picks, by the disaggregation
+  protocol of `stator.router.disagg` (the same `DisaggRouter` a frontend uses inside one
+  namespace, here over a prefill pool's router and a decode pool's router);
+- a prefill pool of aggregated workers serves the whole request;
+- without prefill pools (or when none can serve) the decode grid's pool serves it, with
+  its own prefill workers if it has some.
 
 Fallback (what Dynamo lacks): a pool with no live worker for the model, or whose every
 worker is over its busy threshold, is passed over for the nearest pool in the grid
 (`selection.fallback_order`); a pool whose router fails the request before its first
-output (its workers died meanwhile, or it is overloaded) is passed over the same way.
-Only when every pool is busy does the request wait in (or be rejected by) the queue of
-its own grid's pool. Each decision and each pool passed over is a metric.
+output (its workers died meanwhile, or it is overloaded) is passed over the same way,
+and one that fails mid-stream hands the continuation on. Only when every pool is busy
+does the request wait in (or be rejected by) the queue of the best of them. Each
+decision and each pool passed over is a metric.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -28,20 +37,26 @@ from stator.global_router.pools import Pool
 from stator.global_router.selection import fallback_order, select
 from stator.protocols import EngineOutput, EngineRequest, ModelCard
 from stator.router import Overloaded, Router, RouterConfig
+from stator.router.disagg import DisaggRouter
 from stator.router.migration import migrating
 from stator.router.router import prompt_length
 from stator.runtime import Migratable, NoInstances, RuntimeConfig
+
+if TYPE_CHECKING:
+    from stator.global_router.model_routes import ModelRoutes
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A pool to try for a request, in order."""
+    """Where to try a request: `pool` produces the output; `prefill`, when set, is the
+    pool whose prefill workers compute the prompt first (disaggregated across pools)."""
 
     pool: Pool
-    stage: str  # "prefill" or "decode": the grid that named it
+    stage: str  # "prefill", "decode" (the grid that named `pool`) or "disagg"
     reason: str  # "grid", "priority" or "fallback"
+    prefill: Pool | None = None
 
 
 class GlobalRouter:
@@ -66,6 +81,8 @@ class GlobalRouter:
         self.prefill_pools = [self.pools[ns] for ns in config.prefill_namespaces]
         self.decode_pools = [self.pools[ns] for ns in config.decode_namespaces]
         self._changed = asyncio.Event()
+        # (serving router, prefill router) -> the DisaggRouter over the pair
+        self._pairs: dict[tuple[Router, Router | None], DisaggRouter] = {}
         for pool in self.pools.values():
             pool.listeners.append(self._signal)
 
@@ -75,6 +92,17 @@ class GlobalRouter:
                 gauge = self.metrics.pool_workers.labels(pool.namespace, model, group)
                 # Read at scrape time (a gone route reads 0).
                 gauge.set_function(lambda p=pool, m=model, g=group: len(p.live_workers(m, g)))
+        # Forget pairs whose routers a pool has closed (their model left the pool).
+        live = {
+            r
+            for pool in self.pools.values()
+            for route in pool.routes.values()
+            if (r := route.ready())
+        }
+        for key in [
+            k for k in self._pairs if k[0] not in live or (k[1] is not None and k[1] not in live)
+        ]:
+            del self._pairs[key]
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -104,15 +132,19 @@ class GlobalRouter:
     def model_router(self, model: str) -> ModelRoutes:
         """A router-shaped view of one model across the pools (what a frontend pipeline
         calls `router`)."""
+        from stator.global_router.model_routes import ModelRoutes
+
         return ModelRoutes(self, model)
 
     # -- selection -------------------------------------------------------------------
 
     def plan(self, request: EngineRequest) -> list[Candidate]:
-        """The pools to try for `request`, best first (each once)."""
+        """Where to try `request`, best first: for each prefill pool in its grid's order,
+        that pool's prefill workers with each decode pool in the decode grid's order,
+        then that pool serving alone; then each decode pool serving alone."""
         hints = request.routing
         length = prompt_length(request)
-        out: list[Candidate] = []
+        orders: dict[str, list[tuple[Pool, str]]] = {"prefill": [], "decode": []}
         stages = (
             ("prefill", self.config.prefill_grid, self.prefill_pools, "ttft"),
             ("decode", self.config.decode_grid, self.decode_pools, "itl"),
@@ -120,12 +152,29 @@ class GlobalRouter:
         for stage, grid, pools, target in stages:
             if grid is None:
                 continue
-            y = self._target(hints, target, grid)
-            selection = select(grid, length, y, request.priority)
+            selection = select(grid, length, self._target(hints, target, grid), request.priority)
             for n, index in enumerate(fallback_order(grid, selection, len(pools))):
-                reason = selection.reason if n == 0 else "fallback"
-                if all(c.pool is not pools[index] for c in out):
-                    out.append(Candidate(pools[index], stage, reason))
+                orders[stage].append((pools[index], selection.reason if n == 0 else "fallback"))
+        out: list[Candidate] = []
+        seen: set[tuple[str | None, str]] = set()
+
+        def add(candidate: Candidate) -> None:
+            key = (
+                candidate.prefill.namespace if candidate.prefill else None,
+                candidate.pool.namespace,
+            )
+            if key not in seen:
+                seen.add(key)
+                out.append(candidate)
+
+        for i, (p, p_reason) in enumerate(orders["prefill"]):
+            for j, (d, d_reason) in enumerate(orders["decode"]):
+                reason = p_reason if j == 0 else d_reason if i == 0 else "fallback"
+                if d is not p:
+                    add(Candidate(d, "disagg", reason, prefill=p))
+            add(Candidate(p, "prefill", p_reason))
+        for d, d_reason in orders["decode"]:
+            add(Candidate(d, "decode", d_reason))
         return out
 
     def _target(self, hints, which: str, grid: Grid) -> float | None:
@@ -154,26 +203,66 @@ class GlobalRouter:
         async for output in migrating(request, attempt, len(plan), on_migrate):
             yield output
 
+    async def _router(self, candidate: Candidate, model: str):
+        """(router for the candidate or None, why not: "" | "skip" | "empty" | "busy",
+        the pool to blame). `skip`: a cross-pool candidate whose prefill pool has no
+        prefill workers for the model at all (it serves whole requests): not a fallback."""
+        serve = await candidate.pool.router(model, "serve")
+        if candidate.prefill is not None:
+            prefill = await candidate.prefill.router(model, "prefill")
+            if prefill is None:
+                return None, "skip", candidate.prefill
+            state = candidate.prefill.state(prefill)
+            if state != "ok":
+                return None, state, candidate.prefill
+            prefill_pool = candidate.prefill
+        else:
+            prefill_pool = candidate.pool
+            prefill = await prefill_pool.router(model, "prefill")
+        state = candidate.pool.state(serve)
+        if state == "empty":
+            return None, state, candidate.pool
+        assert serve is not None
+        router = await self._disagg(serve, prefill, prefill_pool)
+        return router, "" if state == "ok" else state, candidate.pool
+
+    async def _disagg(self, serve: Router, prefill: Router | None, prefill_pool: Pool):
+        """The `DisaggRouter` over a serving router and a prefill router (which may be in
+        another pool), built once per pair; without prefill workers it is the serving
+        router alone."""
+        key = (serve, prefill)
+        router = self._pairs.get(key)
+        if router is None:
+            admin = await prefill_pool.prefill_admin() if prefill is not None else None
+            router = DisaggRouter(serve, prefill, self.router_config, prefill_admin=admin)
+            await router.start()
+            self._pairs[key] = router
+        return router
+
     async def _attempt(
         self, request: EngineRequest, plan: list[Candidate], tried: set[int]
     ) -> AsyncIterator[EngineOutput]:
-        """One try: the first pool of `plan` not in `tried` that can serve (tried are
+        """One try: the first candidate of `plan` not in `tried` that can serve (tried are
         plan positions). Raises `Migratable` when a pool fails the stream after its first
-        output, so that `migrating` continues it in the next pool."""
+        output, so that `migrating` continues it with the next candidate."""
         model = request.model
-        busy: list[tuple[int, Router]] = []
+        busy: list[tuple[int, DisaggRouter]] = []
         last_error: Exception | None = None
+        passed_over = False
         for n, candidate in enumerate(plan):
             if n in tried:
                 continue
-            router = await candidate.pool.router(model)
-            state = candidate.pool.state(router)
-            if state != "ok":
-                if state == "busy" and router is not None:
+            router, why, blamed = await self._router(candidate, model)
+            if why == "skip":
+                tried.add(n)
+                continue
+            if why:
+                if why == "busy" and router is not None:
                     busy.append((n, router))
                 else:
                     tried.add(n)
-                self.metrics.fallbacks.labels(model, candidate.pool.namespace, state).inc()
+                passed_over = True
+                self.metrics.fallbacks.labels(model, blamed.namespace, why).inc()
                 continue
             assert router is not None
             tried.add(n)
@@ -183,11 +272,12 @@ class GlobalRouter:
             except (NoInstances, Overloaded, Migratable) as exc:
                 await stream.aclose()
                 last_error = exc
+                passed_over = True
                 self._failed(request, candidate, exc)
                 continue
             except StopAsyncIteration:
                 return
-            self._decided(request, candidate, "fallback" if n else candidate.reason)
+            self._decided(request, candidate, "fallback" if passed_over else candidate.reason)
             async for output in self._rest(request, candidate, first, stream):
                 yield output
             return
@@ -231,65 +321,8 @@ class GlobalRouter:
 
     def _decided(self, request: EngineRequest, candidate: Candidate, reason: str) -> None:
         pool = candidate.pool.namespace
-        self.metrics.decisions.labels(request.model, candidate.stage, pool, reason).inc()
+        prefill = candidate.prefill.namespace if candidate.prefill is not None else ""
+        self.metrics.decisions.labels(request.model, candidate.stage, pool, prefill, reason).inc()
         log.debug(
             "request %s -> pool %s (%s, %s)", request.request_id, pool, candidate.stage, reason
         )
-
-
-class _Instances:
-    """The `client` a frontend pipeline asks for its model's live workers."""
-
-    def __init__(self, routes: ModelRoutes) -> None:
-        self.routes = routes
-
-    def instance_ids(self) -> list[int]:
-        return self.routes.global_router.live_workers(self.routes.model)
-
-    async def close(self) -> None:
-        pass
-
-
-class ModelRoutes:
-    """One model's face of the global router, shaped like a `Router` for the frontend:
-    `generate`, the busy thresholds (applied to the model's router in every pool),
-    `client.instance_ids()` and `close()`."""
-
-    def __init__(self, global_router: GlobalRouter, model: str) -> None:
-        self.global_router = global_router
-        self.model = model
-        self.client = _Instances(self)
-        # The pools' routers are the global router's to close, not the pipeline's.
-        self.prefill = None
-        self.prefill_admin = None
-
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        return self.global_router.generate(request)
-
-    def _routers(self) -> list[Router]:
-        out = []
-        for pool in self.global_router.pools.values():
-            route = pool.routes.get((self.model, "serve"))
-            router = route.ready() if route is not None else None
-            if router is not None:
-                out.append(router)
-        return out
-
-    def busy_thresholds(self) -> dict[str, float | int | None]:
-        routers = self._routers()
-        if routers:
-            return routers[0].busy_thresholds()
-        thresholds = self.global_router.router_config.busy_thresholds()
-        return {
-            "active_decode_blocks_threshold": thresholds.active_decode_blocks_threshold,
-            "active_prefill_tokens_threshold": thresholds.active_prefill_tokens_threshold,
-        }
-
-    def set_busy_thresholds(self, **changes) -> dict[str, float | int | None]:
-        result = self.busy_thresholds()
-        for router in self._routers():
-            result = router.set_busy_thresholds(**changes)
-        return result
-
-    async def close(self) -> None:
-        pass

@@ -53,7 +53,7 @@ def decisions(metrics_url: str) -> dict[tuple[str, str], float]:
     out = {}
     for line in text.splitlines():
         if line.startswith("stator_global_router_decisions_total{"):
-            pool = re.search(r'pool="([^"]+)"', line).group(1)
+            pool = re.search(r'[{,]pool="([^"]*)"', line).group(1)
             reason = re.search(r'reason="([^"]+)"', line).group(1)
             out[(pool, reason)] = float(line.rsplit(" ", 1)[1])
     return out
@@ -147,3 +147,74 @@ def test_standalone_global_router_behind_a_plain_frontend(fleet, tmp_path):
     wait_until(lambda: completion(url, ttft=900) and True, 30, "a first answer", procs)
     assert kill_mid_traffic(url, fast) == []
     completion(url, ttft=50)
+
+
+DISAGG = {
+    "prefill_pool_namespaces": ["pf"],
+    "decode_pool_namespaces": ["dec"],
+    "prefill_pool_selection_strategy": {
+        "isl_min": 0, "isl_max": 4096, "isl_resolution": 1,
+        "ttft_min": 0, "ttft_max": 1000, "ttft_resolution": 1,
+        "prefill_pool_mapping": [[0]],
+    },
+    "decode_pool_selection_strategy": {
+        "context_length_min": 0, "context_length_max": 4096, "context_length_resolution": 1,
+        "itl_min": 0, "itl_max": 100, "itl_resolution": 1,
+        "decode_pool_mapping": [[0]],
+    },
+}  # fmt: skip
+
+
+def metric_sum(metrics_url: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_prefill_pool_and_decode_pool_disaggregate_by_the_disagg_protocol(fleet, tmp_path):
+    """Real `--role prefill` and `--role decode` mocker workers in two pools: the prompt is
+    computed in the prefill pool and the output generated in the decode pool (the
+    disaggregation protocol of stator.router.disagg, across namespaces); when the prefill
+    pool dies (kill -9) under traffic, decode workers prefill locally and nothing fails."""
+    discovery, events = f"file:{tmp_path / 'discovery'}", "zmq"
+    config = tmp_path / "pools.json"
+    config.write_text(json.dumps(DISAGG))
+    frontend, url = fleet.frontend(
+        discovery, events, "--global-router-config", str(config),
+        "--disagg-min-prefill-tokens", "0",  # the test's prompts are short
+    )  # fmt: skip
+    prefill = fleet.mocker_worker(
+        discovery, events, "--namespace", "pf", "--role", "prefill", "--speedup-ratio", "10"
+    )
+    decodes = [
+        fleet.mocker_worker(
+            discovery, events, "--namespace", "dec", "--role", "decode", "--speedup-ratio", "10"
+        )
+        for _ in range(2)
+    ]
+    procs = [frontend, prefill, *decodes]
+    metrics = f"{url}/metrics"
+
+    def ready() -> bool:
+        workers = "stator_global_router_pool_workers"
+        return (
+            metric_sum(metrics, workers, pool="pf", role="prefill") == 1
+            and metric_sum(metrics, workers, pool="dec", role="serve") == 2
+        )
+
+    wait_until(ready, 90, "a prefill pool and a decode pool", procs)
+    for _ in range(4):
+        assert completion(url, ttft=100, max_tokens=16)["usage"]["completion_tokens"] == 16
+    decided = metric_sum(
+        metrics, "stator_global_router_decisions_total", stage="disagg", pool="dec",
+        prefill_pool="pf",
+    )  # fmt: skip
+    assert decided == 4
+    assert metric_sum(metrics, "stator_router_disagg_requests_total", path="remote") == 4
+
+    assert kill_mid_traffic(url, [prefill]) == []
+    completion(url, ttft=100)
+    local = metric_sum(metrics, "stator_router_disagg_requests_total", path="local")
+    assert local >= 1

@@ -117,7 +117,13 @@ async def test_targets_pick_the_pool_and_empty_pools_fall_back(fleet, router_and
     # No target: the midpoint (500) -> index 1 -> slow.
     await collect(gr, request(rid="c"))
     assert slow.requests[-1].request_id == "c"
-    labels = {"model": "tiny", "stage": "prefill", "pool": "fast", "reason": "grid"}
+    labels = {
+        "model": "tiny",
+        "stage": "prefill",
+        "pool": "fast",
+        "prefill_pool": "",
+        "reason": "grid",
+    }
     assert sample(registry, "stator_global_router_decisions_total", **labels) == 1
     workers = {"pool": "fast", "model": "tiny", "role": "serve"}
     assert sample(registry, "stator_global_router_pool_workers", **workers) == 1
@@ -132,7 +138,13 @@ async def test_targets_pick_the_pool_and_empty_pools_fall_back(fleet, router_and
         )
         >= 1
     )
-    labels = {"model": "tiny", "stage": "prefill", "pool": "slow", "reason": "fallback"}
+    labels = {
+        "model": "tiny",
+        "stage": "prefill",
+        "pool": "slow",
+        "prefill_pool": "",
+        "reason": "fallback",
+    }
     assert sample(registry, "stator_global_router_decisions_total", **labels) == 1
 
 
@@ -274,3 +286,34 @@ async def test_a_pool_that_dies_mid_stream_hands_the_stream_on(fleet, router_and
         )
         == 1
     )
+
+
+def test_plan_pairs_prefill_pools_with_decode_pools_in_grid_order():
+    config = parse_config(
+        {
+            "prefill_pool_namespaces": ["p0", "p1"],
+            "decode_pool_namespaces": ["d0", "d1"],
+            "prefill_pool_selection_strategy": CONFIG["prefill_pool_selection_strategy"],
+            "decode_pool_selection_strategy": {
+                "context_length_min": 0, "context_length_max": 4096,
+                "context_length_resolution": 1, "itl_min": 0, "itl_max": 100,
+                "itl_resolution": 2, "decode_pool_mapping": [[0, 1]],
+            },
+        }
+    )  # fmt: skip
+    gr = GlobalRouter(config, RuntimeConfig(discovery=DISCOVERY), RouterConfig())
+    req = request(ttft=900)  # prefill pool p1; no ITL target: midpoint -> d1
+    plan = [
+        (c.prefill.namespace if c.prefill else None, c.pool.namespace, c.stage, c.reason)
+        for c in gr.plan(req)
+    ]
+    assert plan == [
+        ("p1", "d1", "disagg", "grid"),
+        ("p1", "d0", "disagg", "fallback"),
+        (None, "p1", "prefill", "grid"),
+        ("p0", "d1", "disagg", "fallback"),
+        ("p0", "d0", "disagg", "fallback"),
+        (None, "p0", "prefill", "fallback"),
+        (None, "d1", "decode", "grid"),
+        (None, "d0", "decode", "fallback"),
+    ]
