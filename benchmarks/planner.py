@@ -405,7 +405,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default="/work/shared/data/mooncake/conversation_trace.jsonl")
     parser.add_argument("--trace-start", type=float, default=600.0, help="trace second to start at")
-    parser.add_argument("--half", type=float, default=240.0, help="trace seconds of each half")
+    parser.add_argument("--half", type=float, default=180.0, help="trace seconds of each half")
     parser.add_argument(
         "--sample", type=float, default=0.25, help="share of the trace's requests sent"
     )
@@ -414,17 +414,19 @@ def main() -> None:
     )
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--max-input-tokens", type=int, default=32768)
-    parser.add_argument("--ttft-target", type=float, default=3000.0, help="p90, simulated ms")
-    parser.add_argument("--itl-target", type=float, default=40.0, help="p90, simulated ms")
-    parser.add_argument("--interval", type=float, default=20.0, help="scoring window, simulated s")
+    parser.add_argument("--ttft-target", type=float, default=4000.0, help="p90, simulated ms")
+    parser.add_argument("--itl-target", type=float, default=60.0, help="p90, simulated ms")
+    parser.add_argument("--interval", type=float, default=15.0, help="scoring window, simulated s")
     parser.add_argument("--planner-interval", type=float, default=10.0, help="simulated s")
     parser.add_argument("--cooldown", type=float, default=60.0, help="scale-down, simulated s")
     parser.add_argument("--max-workers", type=int, default=8)
-    parser.add_argument("--runs", default="planner:A,B,C static:3,4,5,6")
+    parser.add_argument("--runs", default="planner:C,B,A static:4,5,6")
     parser.add_argument("--profile", default="/tmp/stator-planner-bench-profile.json")
     parser.add_argument("--out", default="/tmp/stator-planner-bench.json")
     parser.add_argument("--plot", default="/tmp/stator-planner-bench.png")
     args = parser.parse_args()
+    # SIGTERM unwinds like Ctrl-C: the runs' finally blocks stop their processes.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     args.worker_profile = slow_gpu_profile(
         args.slowdown, Path(tempfile.gettempdir()) / f"stator-slow-gpu-{args.slowdown:g}.json"
     )

@@ -4,10 +4,12 @@ the observation's, so a recorded log of observations replays to the same decisio
 One `RolePlanner` per (pool, role); `Planner` routes each observation to its own. Policies:
 
 - `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
-  size the role with `sizing` so the profile meets the targets (× `sla_headroom`). A
-  correction factor, observed p90 / modelled p90 at the current load, smoothed and
-  clamped to 0.5–4, scales the profile's latencies (a fleet behind a frontend is slower
-  than one worker profiled alone).
+  size the role with `sizing` so the profile meets the targets (× `sla_headroom`). Two
+  correction factors, observed p90 / modelled at the current load for TTFT and for ITL,
+  smoothed and clamped to 0.5–4, scale the profile's prefill and decode times (a fleet
+  behind a frontend is slower than one worker profiled alone; a p90 over a spread of
+  prompt lengths is longer than the TTFT at the mean length). They are kept apart: the
+  TTFT's spread says nothing about decode steps.
 - `load`: one worker more when any worker's KV usage or queue is over its threshold, one
   fewer when all are under the low thresholds.
 
@@ -67,7 +69,8 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     predicted_rps: float | None = None
     predicted_isl: float | None = None
     predicted_osl: float | None = None
-    correction: float | None = None
+    correction: float | None = None  # TTFT (prefill) correction
+    itl_correction: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -105,7 +108,8 @@ class RolePlanner:
     rates: list[float] = field(default_factory=list)
     isls: list[float] = field(default_factory=list)
     osls: list[float] = field(default_factory=list)
-    correction: float = 1.0
+    correction: float = 1.0  # prefill times (TTFT)
+    itl_correction: float = 1.0  # decode steps (ITL)
     last_change: float = -math.inf
 
     def tick(self, now: float, interval: float, obs: RoleObservation) -> Decision:
@@ -145,17 +149,18 @@ class RolePlanner:
             "predicted_isl": round(isl, 1),
             "predicted_osl": round(osl, 1),
             "correction": round(self.correction, 3),
+            "itl_correction": round(self.itl_correction, 3),
         }
         if rate <= 0 or not self.isls:
             return c.min_workers, "no load", extra
         ttft, itl = c.ttft_target * c.sla_headroom, c.itl_target * c.sla_headroom
-        slow = self.correction
+        slow_p, slow_d = self.correction, self.itl_correction
         if self.role == "prefill":
-            size = sizing.prefill(self.profile, rate, isl, ttft, slow)
+            size = sizing.prefill(self.profile, rate, isl, ttft, slow_p)
         elif self.role == "decode":
-            size = sizing.decode(self.profile, rate, isl, osl, itl, slow)
+            size = sizing.decode(self.profile, rate, isl, osl, itl, slow_d)
         else:
-            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl, slow)
+            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl, slow_p, slow_d)
         reason = f"{rate:.2f} req/s at {size.per_worker_rps:.2f} per worker"
         return size.workers, reason + (f" ({size.note})" if size.note else ""), extra
 
@@ -166,25 +171,28 @@ class RolePlanner:
         if obs.requests < 5 or not workers or self.profile is None:
             return
         rate = obs.requests / interval / workers
-        ratios = []
+        ttft_ratio = itl_ratio = None
         if self.role == "aggregated":
-            state = sizing.aggregated_state(self.profile, rate, obs.isl, obs.osl, self.correction)
+            state = sizing.aggregated_state(
+                self.profile, rate, obs.isl, obs.osl, self.correction, self.itl_correction
+            )
             if state is None:
                 return
             if obs.ttft_p90_ms is not None:
-                ratios.append(obs.ttft_p90_ms / 1000 / state.ttft_s)
+                ttft_ratio = obs.ttft_p90_ms / 1000 / state.ttft_s
             if obs.itl_p90_ms is not None:
-                ratios.append(obs.itl_p90_ms / 1000 / state.itl_p90_s)
+                itl_ratio = obs.itl_p90_ms / 1000 / state.itl_p90_s
         elif self.role == "prefill" and obs.ttft_p90_ms is not None:
-            ratios.append(obs.ttft_p90_ms / (self.profile.ttft_ms(obs.isl) * self.correction))
+            ttft_ratio = obs.ttft_p90_ms / (self.profile.ttft_ms(obs.isl) * self.correction)
         elif self.role == "decode" and obs.itl_p90_ms is not None:
             context = obs.isl + obs.osl / 2
             batch = max(1.0, rate * obs.osl * obs.itl_p90_ms / 1000)
-            ratios.append(obs.itl_p90_ms / (self.profile.itl_ms(batch, context) * self.correction))
-        if not ratios:
-            return
-        target = min(4.0, max(0.5, self.correction * max(ratios)))
-        self.correction = 0.7 * self.correction + 0.3 * target
+            modelled = self.profile.itl_ms(batch, context) * self.itl_correction
+            itl_ratio = obs.itl_p90_ms / modelled
+        if ttft_ratio is not None:
+            self.correction = _smoothed(self.correction, ttft_ratio)
+        if itl_ratio is not None:
+            self.itl_correction = _smoothed(self.itl_correction, itl_ratio)
 
     def _load(self, obs: RoleObservation) -> tuple[int, str, dict]:
         c = self.config
@@ -224,6 +232,12 @@ class RolePlanner:
                 return current, reason + f"; scale-down cooldown ({since:.0f}s)"
             desired = max(desired, current - c.scale_down_step)
         return desired, reason
+
+
+def _smoothed(factor: float, ratio: float) -> float:
+    """Move a correction factor 30% of the way to factor × ratio, within 0.5–4."""
+    target = min(4.0, max(0.5, factor * ratio))
+    return 0.7 * factor + 0.3 * target
 
 
 class Planner:

@@ -14,7 +14,8 @@ queueing term, and a model of aggregated workers Dynamo does not have in this fo
   p90 gap is a decode step. TTFT is P plus the M/D/1 wait plus one step. The rate a worker
   sustains is the largest that meets every constraint (bisection).
 
-`slow` scales every latency of the profile (the planner's correction factor).
+`slow` scales the profile's latencies (the planner's correction factors): prefill times by
+`slow_prefill`, decode steps by `slow_decode`.
 """
 
 from __future__ import annotations
@@ -83,18 +84,23 @@ class AggregatedState:
 
 
 def aggregated_state(
-    profile: PerfProfile, rate: float, isl: float, osl: float, slow: float = 1.0
+    profile: PerfProfile,
+    rate: float,
+    isl: float,
+    osl: float,
+    slow_prefill: float = 1.0,
+    slow_decode: float = 1.0,
 ) -> AggregatedState | None:
     """None when the worker cannot keep up at all (prefill alone saturates it)."""
-    p = profile.ttft_ms(isl) * slow / 1000
+    p = profile.ttft_ms(isl) * slow_prefill / 1000
     rho = rate * p
     if rho >= 1:
         return None
     context = isl + osl / 2
-    batch, step = 1.0, profile.itl_ms(1, context) * slow / 1000 / (1 - rho)
+    batch, step = 1.0, profile.itl_ms(1, context) * slow_decode / 1000 / (1 - rho)
     for _ in range(30):  # fixed point of Little's law; converges fast for sane profiles
         batch = max(1.0, rate * max(osl, 1.0) * step)
-        new = profile.itl_ms(batch, context) * slow / 1000 / (1 - rho)
+        new = profile.itl_ms(batch, context) * slow_decode / 1000 / (1 - rho)
         if abs(new - step) < 1e-6:
             break
         step = new
@@ -102,7 +108,7 @@ def aggregated_state(
         return None
     chunk = min(isl, profile.max_num_batched_tokens or isl)
     chunks = math.ceil(isl / chunk) if chunk else 1
-    prefill_step = profile.ttft_ms(chunk) * slow / 1000 + step * (1 - rho)
+    prefill_step = profile.ttft_ms(chunk) * slow_prefill / 1000 + step * (1 - rho)
     share = rate * chunks * step  # steps carrying prefill / all steps
     itl_p90 = prefill_step if share > _PREFILL_STEP_SHARE else step
     ttft = p + rho * p / (2 * (1 - rho)) + step
@@ -116,17 +122,18 @@ def aggregated(
     osl: float,
     ttft_ms: float,
     itl_ms: float,
-    slow: float = 1.0,
+    slow_prefill: float = 1.0,
+    slow_decode: float = 1.0,
 ) -> Sizing:
     def meets(r: float) -> bool:
-        state = aggregated_state(profile, r, isl, osl, slow)
+        state = aggregated_state(profile, r, isl, osl, slow_prefill, slow_decode)
         return (
             state is not None
             and state.ttft_s * 1000 <= ttft_ms
             and state.itl_p90_s * 1000 <= itl_ms
         )
 
-    p = profile.ttft_ms(isl) * slow / 1000
+    p = profile.ttft_ms(isl) * slow_prefill / 1000
     lo, hi = 0.0, 1.0 / p
     if not meets(1e-6):
         return Sizing(_workers(rate, 0), 0.0, "a lone request misses the targets")

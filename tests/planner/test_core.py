@@ -72,7 +72,7 @@ def test_aggregated_sizing_meets_both_targets_at_the_rate_it_returns():
     faster = sizing.aggregated_state(p, size.per_worker_rps * 1.05, 1000, 100)
     assert faster is None or faster.ttft_s > 0.4 or faster.itl_p90_s > 0.04
     # slower engines (correction 2x) need more workers
-    assert sizing.aggregated(p, 10, 1000, 100, 400, 40, slow=2).workers > size.workers
+    assert sizing.aggregated(p, 10, 1000, 100, 400, 40, slow_prefill=2).workers > size.workers
 
 
 def obs(t: float, requests: int, workers: int, **kw) -> Observation:
@@ -136,6 +136,7 @@ def test_correction_factor_tracks_observed_latency():
             obs(t * 10, requests=int(rate * 10), workers=1, ttft_p90_ms=state.ttft_s * 2000)
         )
     assert d.correction > 1.4
+    assert d.itl_correction == 1.0  # a slow TTFT says nothing about decode steps
     assert d.desired >= 2  # the slower fleet needs more than the profile alone says
 
 
