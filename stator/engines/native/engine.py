@@ -368,7 +368,7 @@ class NativeEngine(Engine):
         core = self.core
         if core is None:
             return {}
-        return {
+        out: dict[str, Any] = {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
             "kv_exports_pinned": len(core.exports),
@@ -376,7 +376,11 @@ class NativeEngine(Engine):
             "kv_exports_expired_total": core.exports.num_expired,
             "kv_imports_in_flight": len(core.importing),
             **self.transfers.gauges(),
+            "preemptions_total": core.scheduler.num_preemptions,
         }
+        if core.offload is not None:
+            out.update(core.offload.metrics())
+        return out
 
     # -- the loop ------------------------------------------------------------------------
 
