@@ -214,14 +214,18 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True, omit_defaults=True
     token_ids: list[int] = msgspec.field(default_factory=list)
     block_size: int = 16
     lora_name: str | None = None
+    # Where the blocks now are: "gpu" (the engine's own cache), or a lower tier the engine
+    # can load them back from: "host" (pinned memory), "disk". A block may be in several.
+    tier: str = "gpu"
 
 
-class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True):
+class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True, omit_defaults=True):
     block_hashes: list[int]
+    tier: str = "gpu"  # the tier the blocks left (they may still be in another)
 
 
 class AllCleared(msgspec.Struct, tag="cleared", kw_only=True):
-    pass
+    """Every block of the worker is gone, in every tier."""
 
 
 KvEventData = BlockStored | BlockRemoved | AllCleared

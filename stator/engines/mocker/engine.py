@@ -416,6 +416,7 @@ class MockerEngine(Engine):
         return {
             "mocker_requests_total": self.num_requests,
             "mocker_preemptions_total": sum(r.scheduler.num_preemptions for r in self.ranks),
+            "preemptions_total": sum(r.scheduler.num_preemptions for r in self.ranks),
             "mocker_cached_blocks": sum(r.blocks.num_cached_blocks for r in self.ranks),
             "mocker_active_blocks": sum(r.blocks.num_active_blocks for r in self.ranks),
             "kv_transfers_total": self.num_transfers,
