@@ -76,6 +76,8 @@ class Router:
         self.ranks = max(1, card.data_parallel_size)
         self.rng = random.Random(config.router_seed)
         self.metrics = router_metrics(registry)
+        # Present from the start (0), so that dashboards show an empty queue, not no data.
+        self.metrics.queue_length.labels(card.name).set(0)
         self.load = LoadTracker(default_total_blocks=card.total_kv_blocks)
         self.thresholds = config.busy_thresholds()
         self.queue = AdmissionQueue(config.router_queue_size, config.router_queue_policy)

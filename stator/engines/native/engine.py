@@ -269,6 +269,7 @@ class NativeEngine(Engine):
         out: dict[str, Any] = {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
+            "preemptions_total": core.scheduler.num_preemptions,
         }
         if core.offload is not None:
             out.update(core.offload.metrics())
