@@ -150,6 +150,7 @@ class NativeEngine(Engine):
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             eos_token_ids=list(core.spec.eos_token_ids),
+            structured_output=core.guidance.available,
             engine="native",
         )
 

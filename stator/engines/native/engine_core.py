@@ -17,6 +17,7 @@ from stator.engines.base import EngineError
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.guided import Guidance
 from stator.engines.native.overlap import (
     PLACEHOLDER,
     PendingStep,
@@ -70,6 +71,9 @@ class EngineCore:
             max_prefill_chunk=config.max_prefill_chunk,
         )
         self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
+        self.guidance = Guidance(
+            model_dir, self.spec.vocab_size, self.spec.eos_token_ids, self.runner.device
+        )
         # A sequence never outgrows the whole cache, so it can always run alone.
         self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)
         self.seqs: dict[str, Sequence] = {}
@@ -91,6 +95,7 @@ class EngineCore:
             sampling=sampling,
             max_total_tokens=self.max_total_tokens,
         )
+        self.guidance.attach(seq, request.sampling.guided_decoding)
         if sampling.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device)
             seq.generator.manual_seed(sampling.seed)
@@ -156,13 +161,22 @@ class EngineCore:
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
         deferred = self.overlap and bool(sample_seqs) and deferrable(sample_seqs)
+        outputs: list[tuple[str, EngineOutput]] = []
         if deferred:
-            tokens = self.sampler.sample_tokens(self._rows(logits, sample_idx), sample_seqs)
+            if pending is not None and any(s.matcher is not None for s in sample_seqs):
+                # A grammar's next mask needs the previous token: read it now (the device
+                # has this step's forward pass queued, so it is not left idle).
+                outputs, pending = self._resolve(pending), None
+            tokens = self.sampler.sample_tokens(
+                self._rows(logits, sample_idx), sample_seqs, self._constraint(sample_seqs)
+            )
             self._pending = PendingStep.launch(sample_seqs, tokens)
             for seq in sample_seqs:
-                self._add_placeholder(seq)
+                if seq.status is not Status.FINISHED:
+                    self._add_placeholder(seq)
         # The device has this step queued: read the previous step's tokens meanwhile.
-        outputs = self._resolve(pending) if pending is not None else []
+        if pending is not None:
+            outputs = self._resolve(pending)
         for seq in batch.seqs:
             if seq.status is not Status.FINISHED:
                 # After `_resolve`, every token whose KV is cached is a real one.
@@ -176,12 +190,24 @@ class EngineCore:
         if not live:
             return outputs
         live_seqs = [sample_seqs[i] for i in live]
-        result = self.sampler.sample(self._rows(logits, [sample_idx[i] for i in live]), live_seqs)
+        result = self.sampler.sample(
+            self._rows(logits, [sample_idx[i] for i in live]),
+            live_seqs,
+            self._constraint(live_seqs),
+        )
         for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
             seq.token_ids.append(token)
             out = self._accept_token(seq, len(seq.token_ids) - 1, logprob)
             outputs.append((seq.request_id, out))
         return outputs
+
+    def _constraint(self, seqs: list[Sequence]):
+        """Structured output's masks for these rows (filled now, on the host, while the
+        device computes the logits), or None when no row is constrained."""
+        masks = self.guidance.masks(seqs)
+        if masks is None:
+            return None
+        return lambda logits, guard: self.guidance.apply(logits, masks, guard)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(logits.shape[0])):
@@ -234,7 +260,10 @@ class EngineCore:
                 out.prompt_logprobs = seq.prompt_logprobs
         seq.num_emitted += 1
         done_min = num_output >= sp.min_tokens
-        if token in sp.hidden_stop_token_ids and done_min:
+        broken = self.guidance.accept(seq, token) if seq.matcher is not None else None
+        if broken is not None:
+            out.finish_reason, out.error = "error", broken
+        elif token in sp.hidden_stop_token_ids and done_min:
             out.token_ids, out.logprobs = [], None
             out.finish_reason, out.stop_token_id = "stop", token
         elif token in sp.stop_token_ids and done_min:

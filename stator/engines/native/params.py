@@ -77,10 +77,6 @@ def validate_request(request: EngineRequest, spec: ModelSpec, max_total_tokens: 
     _check(
         request.prompt_embeds is None, "the native engine takes token ids, not prompt embeddings"
     )
-    _check(
-        request.sampling.guided_decoding is None,
-        "the native engine does not support guided decoding",
-    )
     _check(request.sampling.n == 1, "the native engine samples one sequence per request (n=1)")
     _check(not request.lora_name, "the native engine does not support LoRA adapters")
     _check(bool(request.token_ids), "the prompt is empty")

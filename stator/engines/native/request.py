@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -68,6 +69,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_token_id: int | None = None
     num_emitted: int = 0  # generated tokens already streamed to the caller
+    matcher: Any = None  # structured output: the grammar state after the last real token
 
     @property
     def num_tokens(self) -> int:

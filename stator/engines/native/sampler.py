@@ -8,6 +8,7 @@ which other requests share the batch. Logprobs are those of the model's raw dist
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,10 @@ import torch
 from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
 from stator.protocols import TokenLogprob, TopLogprob
+
+#: Turns logits into constrained logits (structured output's bitmask); the bool says
+#: whether a row may already be all -inf.
+Constrain = Callable[[torch.Tensor, bool], torch.Tensor]
 
 
 @dataclass
@@ -30,26 +35,35 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], constrain: Constrain | None = None
+    ) -> SampleResult:
         """`logits` [N, V] (one row per sequence of `seqs`, in order)."""
         logits = logits.float()
         raw_logprobs = None
         if any(s.sampling.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = self.sample_tokens(logits, seqs)
+        tokens = self.sample_tokens(logits, seqs, constrain)
         token_list = tokens.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, tokens, [s.sampling.logprobs for s in seqs])
         return SampleResult(token_list, logprobs)
 
-    def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The tokens [N] (int64) as a device tensor: the host does not wait for them."""
+    def sample_tokens(
+        self, logits: torch.Tensor, seqs: list[Sequence], constrain: Constrain | None = None
+    ) -> torch.Tensor:
+        """The tokens [N] (int64) as a device tensor: the host does not wait for them.
+        `constrain(logits, guard)`: structured output's mask, applied after the other
+        processors (`guard`: bias or min_tokens may have emptied a row)."""
         logits = logits.float()
-        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
+        biased = any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs)
+        if biased:
             logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
         if any(s.sampling.uses_penalties for s in seqs):
             logits = self._apply_penalties(logits, seqs)
+        if constrain is not None:
+            logits = constrain(logits, biased)
         return self._pick(logits, seqs)
 
     # -- logit processors ----------------------------------------------------------------
