@@ -26,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.parsers.harmony_vocab import (  # noqa: E402
-    O200K_PATTERN,
+from tests.parsers.harmony_vocab import (
     o200k_base_file,
     o200k_harmony_tokenizer_json,
 )
