@@ -84,6 +84,13 @@ class NativeConfig:
         "(benchmarks without a checkpoint)",
         choices=["auto", "dummy"],
     )
+    speculative_config: str = option(
+        "",
+        "Speculative decoding, as vLLM spells it (JSON): method ngram | draft_model | eagle3, "
+        "num_speculative_tokens, model (the draft or EAGLE-3 head directory), "
+        "prompt_lookup_max/min (ngram); empty = off",
+        metavar="JSON",
+    )
     tensor_parallel_size: int = option(
         1,
         "GPUs (or CPU processes) one model is split over, Megatron style; ranks 1..N-1 run "

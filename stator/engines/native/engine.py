@@ -181,10 +181,20 @@ class NativeEngine(Engine):
         core = self.core
         if core is None:
             return {}
-        return {
+        out: dict[str, Any] = {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
         }
+        if core.specdec is not None:
+            stats = core.specdec.stats
+            out.update(
+                native_spec_verifications=stats.steps,
+                native_spec_draft_tokens=stats.drafted,
+                native_spec_accepted_tokens=stats.accepted,
+                native_spec_acceptance_rate=stats.acceptance_rate,
+                native_spec_mean_accepted_length=stats.mean_accepted_length,
+            )
+        return out
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler, gather_logprobs
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
+from stator.engines.native.spec import SpecDecoder, make_spec_decoder
 from stator.engines.native.tp_runner import make_runner
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
 
@@ -77,8 +78,13 @@ class EngineCore:
         # A sequence never outgrows the whole cache, so it can always run alone.
         self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)
         self.seqs: dict[str, Sequence] = {}
+        # Speculative decoding (--speculative-config), or None.
+        self.specdec: SpecDecoder | None = make_spec_decoder(self)
         mode = config.overlap
         self.overlap = mode == "on" or (mode == "auto" and self.runner.device.type == "cuda")
+        if self.specdec is not None:
+            # Drafting and verifying read each step's tokens on the host before the next.
+            self.overlap = False
         self._pending: PendingStep | None = None  # a launched step not yet read back
 
     # -- requests ------------------------------------------------------------------------
@@ -125,6 +131,8 @@ class EngineCore:
         """Run one step. With overlap, most outputs are those of the step before (read
         while this one runs on the device); a call with nothing left to schedule returns
         the last pending ones."""
+        if self.specdec is not None:
+            self.specdec.reserve(self.scheduler.running, set(self.seqs))
         batch = self.scheduler.schedule()
         pending, self._pending = self._pending, None
         if not batch:
@@ -136,6 +144,10 @@ class EngineCore:
     def _run(
         self, batch: ScheduledBatch, pending: PendingStep | None
     ) -> list[tuple[str, EngineOutput]]:
+        specdec = self.specdec
+        if specdec is not None:
+            specdec.propose(batch)
+        spec_rows: dict[int, int] = {}  # id(seq) -> its first logits row (drafts)
         sample_seqs: list[Sequence] = []
         rows: list[int] = []  # flat token index of each logits row
         sample_idx: list[int] = []  # which logits rows are sampled
@@ -148,7 +160,12 @@ class EngineCore:
                 end = min(start + n, seq.num_prompt_tokens - 1)
                 prompt_rows.append(_PromptLogprobRows(seq, len(rows), start + 1, end - start))
                 rows.extend(range(offset, offset + end - start))
-            if start + n == seq.num_tokens:
+            k = specdec.num_drafts(seq) if specdec is not None else 0
+            if k and start + n == seq.num_tokens:
+                # The last real token and each draft: k + 1 rows to verify.
+                spec_rows[id(seq)] = len(rows)
+                rows.extend(range(offset + n - 1 - k, offset + n))
+            elif start + n == seq.num_tokens:
                 sample_seqs.append(seq)
                 sample_idx.append(len(rows))
                 rows.append(offset + n - 1)
@@ -160,6 +177,8 @@ class EngineCore:
         logits = self.runner.execute(inputs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
+        # Before any block is committed to the prefix cache: rejected drafts roll back.
+        gained = specdec.verify(logits, spec_rows) if spec_rows else {}
         deferred = self.overlap and bool(sample_seqs) and deferrable(sample_seqs)
         outputs: list[tuple[str, EngineOutput]] = []
         if deferred:
@@ -183,6 +202,10 @@ class EngineCore:
                 self.blocks.commit(seq)
         for pr in prompt_rows:
             self._add_prompt_logprobs(pr, logits)
+        for seq in batch.seqs:
+            tokens = gained.get(id(seq))
+            if tokens is not None:
+                outputs.append((seq.request_id, self._emit_tokens(seq, len(tokens))))
         if deferred:
             return outputs
         # A sequence `_resolve` just finished ran one step too many: drop its row.
@@ -244,6 +267,24 @@ class EngineCore:
             # After a preemption the prompt is recomputed; keep the first copy.
             if pr.first_target + i == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.append(entry)
+
+    def _emit_tokens(self, seq: Sequence, count: int) -> EngineOutput:
+        """The last `count` tokens of `seq` are known: one output for all of them (the
+        stop rules apply token by token; a stop drops the tokens after it)."""
+        first = seq.num_tokens - count
+        merged: EngineOutput | None = None
+        for pos in range(first, first + count):
+            out = self._accept_token(seq, pos, None)
+            if merged is None:
+                merged = out
+            else:
+                merged.token_ids.extend(out.token_ids)
+                merged.finish_reason, merged.stop_token_id = out.finish_reason, out.stop_token_id
+                merged.usage, merged.error = out.usage, out.error
+            if out.finish_reason is not None:
+                break
+        assert merged is not None
+        return merged
 
     def _accept_token(self, seq: Sequence, pos: int, logprob: TokenLogprob | None) -> EngineOutput:
         """The token at `pos` is known: emit it and apply the stop rules as of that token

@@ -66,6 +66,40 @@ class Sampler:
             logits = constrain(logits, biased)
         return self._pick(logits, seqs)
 
+    def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[N, V]: the distribution `sample_tokens` draws each row from (one-hot at the
+        argmax for greedy rows). Speculative decoding verifies drafts against it."""
+        logits = logits.float()
+        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
+            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
+        if any(s.sampling.uses_penalties for s in seqs):
+            logits = self._apply_penalties(logits, seqs)
+        one_hot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        if all(s.sampling.greedy for s in seqs):
+            return one_hot
+        dev = self.device
+        temps = to_device([s.sampling.temperature or 1.0 for s in seqs], dev, torch.float32)
+        probs = torch.softmax(_top_k_top_p_min_p(logits / temps[:, None], seqs, dev), dim=-1)
+        is_greedy = to_device([s.sampling.greedy for s in seqs], dev, torch.bool)
+        return torch.where(is_greedy[:, None], one_hot, probs)
+
+    def draw(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """One token per row of `probs` [N, V] (an exponential race; seeded sequences use
+        their own generator)."""
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                noise[i].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)
+
+    def uniform(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One U[0, 1) draw per entry of `seqs` (seeded sequences: their own generator)."""
+        u = torch.rand(len(seqs), generator=self.generator, device=self.device)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                u[i] = torch.rand(1, generator=seq.generator, device=self.device)[0]
+        return u
+
     # -- logit processors ----------------------------------------------------------------
 
     def _apply_bias_and_min_tokens(
