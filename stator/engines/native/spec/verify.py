@@ -96,4 +96,4 @@ def verify(
         final_rows.append(row)
         base += k + 1
     finals = sampler.draw(torch.stack(final_rows), [g.seq for g in groups]).tolist()
-    return [g.drafts[:n] + [t] for g, n, t in zip(groups, accepted, finals, strict=True)]
+    return [[*g.drafts[:n], t] for g, n, t in zip(groups, accepted, finals, strict=True)]
