@@ -255,6 +255,8 @@ def main() -> None:
         except ImportError:
             entry["xgrammar"] = "not installed"
         results[label] = entry
+        if args.json:  # after each vocabulary: a cut-short run keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=2))
         print(label)
         for backend, data in entry.items():
             if not isinstance(data, dict):

@@ -48,7 +48,12 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.words = mask_words(vocab_size)
         eos: Any = list(eos_token_ids) or None
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos)
+        try:
+            self.tokenizer = llguidance.LLTokenizer(
+                tokenizer_json, n_vocab=vocab_size, eos_token=eos
+            )
+        except ValueError:  # an EOS id outside the tokenizer: its own EOS then
+            self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size)
         self.executor = llguidance.LLExecutor(threads)
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._cache_size = cache_size

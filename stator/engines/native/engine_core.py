@@ -175,10 +175,13 @@ class EngineCore:
         if dst and pending is not None:
             patch_inputs(inputs.input_ids, pending, dst, src)
         logits = self.runner.execute(inputs)
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
         # Before any block is committed to the prefix cache: rejected drafts roll back.
         gained = specdec.verify(logits, spec_rows) if spec_rows else {}
+        if specdec is not None:
+            specdec.observe(batch.seqs, starts, batch.num_new_tokens)
         deferred = self.overlap and bool(sample_seqs) and deferrable(sample_seqs)
         outputs: list[tuple[str, EngineOutput]] = []
         if deferred:

@@ -216,3 +216,84 @@ def test_greedy_rejection_is_the_argmax():
     assert verify(sampler, logits, [DraftGroup(seq, 0, [1, 0])]) == [[1, 0, 3]]
     assert verify(sampler, logits, [DraftGroup(seq, 0, [1, 3])]) == [[1, 0]]
     assert verify(sampler, logits, [DraftGroup(seq, 0, [2, 0])]) == [[1]]
+
+
+# -- EAGLE-3 -------------------------------------------------------------------------------
+
+
+def write_eagle3(path: Path, target_dir: Path, *, draft_vocab: int = 300, seed: int = 0) -> Path:
+    """A random EAGLE-3 head in the released checkpoints' format (names, shapes, d2t)."""
+    from safetensors.torch import save_file
+
+    target = json.loads((target_dir / "config.json").read_text())
+    h, vocab = target["hidden_size"], target["vocab_size"]
+    heads, kv, hd, inter = 4, 2, 16, 96
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        "eagle_aux_hidden_state_layer_ids": [0, 1, 2],
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 0.1) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * scale
+
+    ids = torch.sort(torch.randperm(vocab, generator=gen)[:draft_vocab]).values
+    weights = {
+        "fc.weight": rand(h, 3 * h),
+        "midlayer.hidden_norm.weight": torch.ones(h),
+        "midlayer.input_layernorm.weight": torch.ones(h),
+        "midlayer.post_attention_layernorm.weight": torch.ones(h),
+        "midlayer.self_attn.q_proj.weight": rand(heads * hd, 2 * h),
+        "midlayer.self_attn.k_proj.weight": rand(kv * hd, 2 * h),
+        "midlayer.self_attn.v_proj.weight": rand(kv * hd, 2 * h),
+        "midlayer.self_attn.o_proj.weight": rand(h, heads * hd),
+        "midlayer.mlp.gate_proj.weight": rand(inter, h),
+        "midlayer.mlp.up_proj.weight": rand(inter, h),
+        "midlayer.mlp.down_proj.weight": rand(h, inter),
+        "norm.weight": torch.ones(h),
+        "lm_head.weight": rand(draft_vocab, h, scale=1.0),
+        "d2t": ids - torch.arange(draft_vocab),
+        "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True),
+    }
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
+def test_eagle3_head_drafts_and_greedy_is_unchanged(llama, tmp_path):
+    target, _ = llama
+    head = write_eagle3(tmp_path / "eagle3", target)
+    plain = run_all(core_for(target), repetitive_requests())
+    core = core_for(target, speculative_config=spec_config("eagle3", 3, head))
+    out = run_all(core, repetitive_requests())
+    for rid, outputs in plain.items():
+        assert tokens_of(out[rid]) == tokens_of(outputs), rid
+    proposer = core.specdec.model
+    assert core.runner.model.model.aux_layers == (0, 1, 2)
+    stats = core.specdec.stats
+    assert stats.steps > 0 and stats.drafted > 0
+    # Drafts come from the head's vocabulary, mapped through d2t.
+    assert proposer.draft_ids.shape[0] == 300
+
+
+def test_eagle3_checkpoint_must_have_every_weight(llama, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    target, _ = llama
+    head = write_eagle3(tmp_path / "eagle3", target)
+    weights = load_file(str(head / "model.safetensors"))
+    del weights["fc.weight"]
+    save_file(weights, str(head / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"fc\.weight"):
+        core_for(target, speculative_config=spec_config("eagle3", 2, head))

@@ -43,6 +43,9 @@ class ModelProposer(Protocol):
 
     def keep_only(self, request_ids: set[str]) -> None: ...
 
+    def observe(self, seqs: list[Sequence], starts: list[int], num_new: list[int]) -> None:
+        """After the target's forward pass (and any rollback): what it computed."""
+
 
 @dataclass
 class SpecStats:
@@ -141,6 +144,10 @@ class SpecDecoder:
             self._probs[id(seq)] = probs
 
     # -- after the forward pass ----------------------------------------------------------
+
+    def observe(self, seqs: list[Sequence], starts: list[int], num_new: list[int]) -> None:
+        if self.model is not None:
+            self.model.observe(seqs, starts, num_new)
 
     def verify(self, logits: torch.Tensor, first_rows: dict[int, int]) -> dict[int, list[int]]:
         """Accept or reject each speculating sequence's drafts (their k + 1 logits rows

@@ -97,6 +97,9 @@ class DraftModelProposer:
         """The sequence finished, or lost its blocks (preempted): start over next time."""
         self._computed.pop(request_id, None)
 
+    def observe(self, seqs: list[Sequence], starts: list[int], num_new: list[int]) -> None:
+        """A draft model reads tokens only (see `propose`)."""
+
     def keep_only(self, request_ids: set[str]) -> None:
         for rid in [r for r in self._computed if r not in request_ids]:
             del self._computed[rid]
