@@ -25,9 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Serve the OpenAI-compatible HTTP API in front of discovered workers",
         description=__doc__,
     )
-    add_flags(parser.add_argument_group("HTTP"), FrontendConfig)
-    add_flags(parser.add_argument_group("HTTP processes"), ApiServerConfig)
-    add_flags(parser.add_argument_group("runtime"), RuntimeConfig)
+    http = parser.add_argument_group("HTTP")
+    processes = parser.add_argument_group("HTTP processes")
+    runtime = parser.add_argument_group("runtime")
+    # The runtime's flags first: its --host (the TCP planes' address) wins over the HTTP
+    # group's --host alias, which only `stator run` keeps.
+    add_flags(runtime, RuntimeConfig)
+    add_flags(http, FrontendConfig)
+    add_flags(processes, ApiServerConfig)
     add_flags(parser.add_argument_group("router"), RouterConfig)
     parser.set_defaults(func=run)
 

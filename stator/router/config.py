@@ -72,6 +72,22 @@ class RouterConfig:
         "its bookings are dropped (it crashed or left); each frontend says it is alive every "
         "third of this",
     )
+    enforce_disagg: bool = option(
+        False,
+        "Disaggregated serving: fail requests with 503 when no prefill worker is live (or "
+        "the prefill worker fails) instead of prefilling them on a decode worker",
+    )
+    disagg_min_prefill_tokens: int = option(
+        512,
+        "Disaggregated serving: prompts whose part not cached on a decode worker is "
+        "shorter than this are prefilled on the decode worker (moving their KV costs "
+        "more than computing it there)",
+    )
+    disagg_max_prefill_queue: int = option(
+        0,
+        "Disaggregated serving: when every prefill worker has more than this many prompt "
+        "tokens queued, prefill on the decode worker instead (0: no limit)",
+    )
     router_seed: int | None = option(None, "Seed for the router's random choices (tests)")
 
     def busy_thresholds(self) -> BusyThresholds:
@@ -94,6 +110,8 @@ class RouterConfig:
             raise ValueError("router_replica_ttl must be positive")
         if self.router_queue_size < 0:
             raise ValueError("router_queue_size must be >= 0")
+        if self.disagg_min_prefill_tokens < 0 or self.disagg_max_prefill_queue < 0:
+            raise ValueError("disagg_min_prefill_tokens and disagg_max_prefill_queue must be >= 0")
         if self.migration_limit is not None and self.migration_limit < 0:
             raise ValueError("migration_limit must be >= 0")
         self.busy_thresholds().validate()

@@ -54,14 +54,23 @@ def build_card(
 ) -> ModelCard:
     """The card to publish: the engine's own, with the operator's settings on top."""
     changes: dict = {"name": served_name, "migration_limit": config.migration_limit}
+    if config.role != "aggregated":
+        changes["role"] = config.role
     if config.reasoning_parser is not None:
         changes["reasoning_parser"] = config.reasoning_parser
     if config.tool_call_parser is not None:
         changes["tool_call_parser"] = config.tool_call_parser
-    if config.context_length is not None:
-        if config.context_length <= 0:
-            raise ValueError(f"context length must be positive, got {config.context_length}")
-        changes["context_length"] = config.context_length
+    if config.max_model_len:
+        if config.max_model_len < 0:
+            raise ValueError(f"--max-model-len must be positive, got {config.max_model_len}")
+        # The card must never promise more than the engine holds: a prompt between the two
+        # would pass the frontend's check and fail in the engine.
+        if config.max_model_len > engine_card.context_length:
+            raise ValueError(
+                f"--max-model-len {config.max_model_len} is more than the {engine_card.engine or 'engine'}"
+                f" engine holds ({engine_card.context_length} tokens)"
+            )
+        changes["context_length"] = config.max_model_len
     if model_dir is not None and model_dir.is_dir():
         files = model_files(model_dir)
         if not engine_card.source_path:

@@ -39,8 +39,18 @@ def test_card_does_not_override_engine_files_and_rejects_bad_context(tiny_model_
     engine_card = ModelCard(name="e", source_path="/elsewhere", tokenizer_files=["/elsewhere/t"])
     card = build_card(engine_card, WorkerConfig(), "e", tiny_model_dir)
     assert card.source_path == "/elsewhere" and card.tokenizer_files == ["/elsewhere/t"]
-    with pytest.raises(ValueError, match="context length"):
-        build_card(engine_card, WorkerConfig(context_length=0), "e", None)
+    with pytest.raises(ValueError, match="must be positive"):
+        build_card(engine_card, WorkerConfig(max_model_len=-1), "e", None)
+
+
+def test_max_model_len_lowers_the_card_and_is_refused_past_the_engine():
+    engine_card = ModelCard(name="e", source_path="", context_length=2048, engine="mocker")
+    assert (
+        build_card(engine_card, WorkerConfig(max_model_len=1024), "e", None).context_length == 1024
+    )
+    assert build_card(engine_card, WorkerConfig(), "e", None).context_length == 2048
+    with pytest.raises(ValueError, match="more than the mocker engine holds"):
+        build_card(engine_card, WorkerConfig(max_model_len=8192), "e", None)
 
 
 def test_files_too_big_to_inline_are_left_out_entirely(tiny_model_dir):

@@ -100,7 +100,7 @@ async def test_card_is_published_with_operator_settings_and_removed_on_stop(tiny
         served_model_name="served",
         reasoning_parser="deepseek_r1",
         tool_call_parser="hermes",
-        context_length=512,
+        max_model_len=512,
         migration_limit=3,
     )
     assert engine.started and engine.worker_id == runtime.instance_id

@@ -22,7 +22,7 @@ def create_engine(config: MockerConfig, model_path: str, served_name: str) -> Mo
         name=served_name,
         source_path=str(info.path),
         tokenizer_files=info.tokenizer_files,
-        context_length=info.context_length,
+        context_length=config.max_model_len or info.context_length,
         kv_block_size=config.block_size,
         total_kv_blocks=config.num_gpu_blocks,
         max_num_seqs=config.max_num_seqs,

@@ -49,6 +49,9 @@ class MockerConfig:
         64.0, "Simulated KV transfer bandwidth in GB/s (0: transfers are instant)"
     )
     data_parallel_size: int = option(1, "Independent engine ranks (each its own KV cache)")
+    max_model_len: int = option(
+        0, "Context length in tokens (0 = the model's config.json)", aliases=("--context-length",)
+    )
 
     def validate(self) -> None:
         """Raise ValueError on settings the mocker cannot run with."""
@@ -59,6 +62,8 @@ class MockerConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "data_parallel_size": self.data_parallel_size,
         }
+        if self.max_model_len < 0:
+            raise ValueError(f"--max-model-len must not be negative, got {self.max_model_len}")
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")

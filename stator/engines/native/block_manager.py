@@ -17,7 +17,7 @@ from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEvent, KvE
 
 
 class Block:
-    __slots__ = ("hash", "id", "parent_hash", "ref_count", "token_ids")
+    __slots__ = ("hash", "id", "lora_name", "parent_hash", "ref_count", "token_ids")
 
     def __init__(self, block_id: int) -> None:
         self.id = block_id
@@ -25,6 +25,7 @@ class Block:
         self.hash: int | None = None  # set while the block is in the prefix cache
         self.parent_hash: int | None = None
         self.token_ids: list[int] = []
+        self.lora_name: str | None = None
 
 
 class BlockManager:
@@ -65,7 +66,7 @@ class BlockManager:
         """Give a waiting sequence its cached prefix plus blocks for `num_new_tokens`
         more; False (and no change) when the free blocks do not suffice."""
         hits: list[int] = []
-        if self.prefix_caching and not seq.wants_prompt_logprobs:
+        if self._cacheable(seq) and not seq.wants_prompt_logprobs:
             self._hash_full_blocks(seq)
             # Never the whole sequence: its last token must be computed to sample from.
             limit = (seq.num_tokens - 1) // self.block_size
@@ -110,7 +111,7 @@ class BlockManager:
 
     def commit(self, seq: Sequence) -> None:
         """Offer the sequence's newly completed blocks to the prefix cache."""
-        if not self.prefix_caching:
+        if not self._cacheable(seq):
             return
         full = seq.num_computed_tokens // self.block_size
         if full <= seq.num_committed_blocks:
@@ -130,12 +131,14 @@ class BlockManager:
                             parent_hash=parent,
                             token_ids=tokens,
                             block_size=self.block_size,
+                            lora_name=seq.lora_name,
                         )
                     )
                 stored, tokens, parent = [], [], h
                 continue
             block.hash, block.parent_hash = h, (seq.block_hashes[i - 1] if i else None)
             block.token_ids = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            block.lora_name = seq.lora_name
             self._cached[h] = block.id
             stored.append(h)
             tokens.extend(block.token_ids)
@@ -146,6 +149,7 @@ class BlockManager:
                     parent_hash=parent,
                     token_ids=tokens,
                     block_size=self.block_size,
+                    lora_name=seq.lora_name,
                 )
             )
         seq.num_committed_blocks = full
@@ -184,6 +188,7 @@ class BlockManager:
                     parent_hash=block.parent_hash,
                     token_ids=list(block.token_ids),
                     block_size=self.block_size,
+                    lora_name=block.lora_name,
                 )
                 out.append(KvEvent(worker_id=self.worker_id, event_id=last, data=data))
         return out
@@ -198,9 +203,16 @@ class BlockManager:
             parent = seq.block_hashes[-1] if have else None
             seq.block_hashes.extend(
                 block_hashes(
-                    seq.token_ids[start : full * self.block_size], self.block_size, parent=parent
+                    seq.token_ids[start : full * self.block_size],
+                    self.block_size,
+                    parent=parent,
+                    lora_name=seq.lora_name,
                 )
             )
+
+    def _cacheable(self, seq: Sequence) -> bool:
+        # Prompt embeddings have no token ids to hash: their KV is the request's alone.
+        return self.prefix_caching and seq.prompt_embeds is None
 
     def _acquire(self, block_id: int) -> None:
         block = self.blocks[block_id]

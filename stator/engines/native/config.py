@@ -97,6 +97,34 @@ class NativeConfig:
         "in subprocesses of the worker (NCCL on CUDA, gloo on the CPU)",
     )
 
+    enable_lora: bool = option(
+        False, "Serve LoRA adapters (PEFT format) next to the base model, many per batch"
+    )
+    max_loras: int = option(
+        4, "Adapter slots on the device: the most distinct adapters in one batch (LRU)"
+    )
+    max_lora_rank: int = option(16, "Largest adapter rank served (slots are sized for it)")
+    lora_modules: list[str] = option(
+        [],
+        "Adapters to load at start, name=path (a local directory or a Hugging Face repo "
+        "id), comma-separated",
+        metavar="NAME=PATH,...",
+    )
+    lora_allowed_dirs: list[str] = option(
+        [],
+        "Local directories run-time adapter loads (load_lora, /v1/load_lora_adapter) may "
+        "read from; empty = local paths are refused at run time (repo ids still load)",
+        metavar="DIR,...",
+    )
+    enable_sleep_mode: bool = option(
+        False,
+        "Allow sleep/wake (admin ops, /sleep and /wake_up): level 1 moves the weights to "
+        "host memory and drops the KV cache, level 2 drops both (wake reloads them)",
+    )
+    enable_prompt_embeds: bool = option(
+        False, "Accept prompt_embeds (embedding rows in place of prompt token ids)"
+    )
+
 
 _DTYPE_NAMES = {"float32", "bfloat16", "float16"}
 

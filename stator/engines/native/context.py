@@ -32,6 +32,10 @@ class StepContext:
     num_leading_single: int = 0
     # Whatever the attention backend precomputes once per step (see AttentionBackend.plan).
     attn_metadata: Any = None
+    # Which LoRA adapter slot each token uses (`lora.batch.LoraBatch`); None: no adapter.
+    lora: Any = None
+    # Prompt embeddings that replace the embedding lookup: (token rows, [rows, hidden]).
+    input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 _current: StepContext | None = None
@@ -40,6 +44,11 @@ _current: StepContext | None = None
 def set_context(ctx: StepContext | None) -> None:
     global _current
     _current = ctx
+
+
+def current_lora() -> Any:
+    """The current step's LoRA batch, or None (no step, or no token uses an adapter)."""
+    return None if _current is None else _current.lora
 
 
 def get_context() -> StepContext:

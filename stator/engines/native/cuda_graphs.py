@@ -17,6 +17,7 @@ from torch import nn
 
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.context import StepContext, set_context
+from stator.engines.native.lora.batch import LoraBatch
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class DecodeGraphs:
         block_size: int,
         sliding_window: int | None,
         device: torch.device,
+        lora_slots: int = 0,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -56,10 +58,16 @@ class DecodeGraphs:
         self.seq_lens = buf(max_batch)
         self.query_lens = buf(max_batch, fill=1)
         self.cu_query_lens = torch.arange(max_batch + 1, dtype=torch.long, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        # With LoRA, each bucket has a second graph that runs the adapter kernels, reading
+        # the step's token grouping from these buffers (`lora.batch.LoraBatch`).
+        self.lora_variants = (False, True) if lora_slots else (False,)
+        self.lora_idx = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.lora_starts = torch.zeros(lora_slots + 1, dtype=torch.int32, device=device)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, bool], torch.Tensor] = {}
 
-    def _context(self, bs: int) -> StepContext:
+    def _context(self, bs: int, with_lora: bool) -> StepContext:
+        lora = LoraBatch(self.lora_idx, self.lora_starts, num_tokens=bs) if with_lora else None
         return StepContext(
             positions=self.positions[:bs],
             slot_mapping=self.slot_mapping[:bs],
@@ -71,10 +79,11 @@ class DecodeGraphs:
             # Kernel launch constants must not depend on the step: plan for the longest.
             max_seq_len=self.max_model_len,
             block_size=self.block_size,
+            lora=lora,
         )
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        ctx = self._context(bs)
+    def _forward(self, bs: int, with_lora: bool) -> torch.Tensor:
+        ctx = self._context(bs, with_lora)
         self.backend.plan(ctx, self.sliding_window)
         set_context(ctx)
         try:
@@ -87,12 +96,13 @@ class DecodeGraphs:
     def capture(self) -> None:
         pool = None
         for bs in reversed(self.buckets):
-            self._forward(bs)  # warm-up: compiles kernels, settles allocations
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[bs] = self._forward(bs)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            for with_lora in self.lora_variants:
+                self._forward(bs, with_lora)  # warm-up: compiles kernels, settles allocations
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[bs, with_lora] = self._forward(bs, with_lora)
+                pool = graph.pool()
+                self.graphs[bs, with_lora] = graph
         torch.cuda.synchronize()
         log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
 
@@ -112,5 +122,10 @@ class DecodeGraphs:
         self.seq_lens[n:bs].fill_(0)
         width = ctx.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(ctx.block_tables)
-        self.graphs[bs].replay()
-        return self.logits[bs][:n]
+        lora = ctx.lora
+        if lora is not None:
+            self.lora_idx[: lora.sorted_idx.shape[0]].copy_(lora.sorted_idx)
+            self.lora_starts.copy_(lora.starts)
+        key = (bs, lora is not None)
+        self.graphs[key].replay()
+        return self.logits[key][:n]

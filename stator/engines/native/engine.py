@@ -17,11 +17,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stator.engines.base import Engine, EngineDead, EngineError
+import msgspec
+
+from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.engine_core import EngineCore
+from stator.engines.native.lora.adapter import load_adapter, pin_adapter
+from stator.engines.native.lora.resolve import resolve_adapter
 from stator.engines.native.models import model_class
-from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, ModelCard, Usage
+from stator.protocols import (
+    EngineOutput,
+    EngineRequest,
+    KvEvent,
+    LoadReport,
+    LoraInfo,
+    ModelCard,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,6 +68,8 @@ class NativeEngine(Engine):
         self._subscribers: list[asyncio.Queue[list[KvEvent]]] = []
         self._load: LoadReport | None = None
         self._step_lock = threading.Lock()
+        # One lock per adapter name: concurrent loads of one name are serialized.
+        self._lora_locks: dict[str, asyncio.Lock] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -65,6 +79,12 @@ class NativeEngine(Engine):
             self._executor,
             lambda: EngineCore(self.config, self.model_path, worker_id=self.worker_id),
         )
+        for item in self.config.lora_modules:
+            name, sep, source = item.partition("=")
+            if not sep or not name or not source:
+                raise ValueError(f"--lora-modules entry {item!r} is not name=path")
+            # Named by the operator at start: not limited to --lora-allowed-dirs.
+            await self._load_lora(name.strip(), source.strip(), allowed_dirs=None)
         self._refresh_load()
         self._task = asyncio.create_task(self._run(), name="native-engine-loop")
 
@@ -92,6 +112,9 @@ class NativeEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         core = self._core()
+        if not request.lora_name and request.model in core.adapters:
+            # A request to an adapter's own model card names the adapter as its model.
+            request = msgspec.structs.replace(request, lora_name=request.model)
         rid = request.request_id
         if rid in self._streams:
             raise EngineError(f"request id {rid!r} is already running")
@@ -144,13 +167,19 @@ class NativeEngine(Engine):
                 if (Path(self.model_path) / name).is_file()
             ],
             chat_template=read_chat_template(self.model_path),
-            context_length=core.max_model_len,
+            # What one sequence can really hold: a prompt past the KV cache's capacity is
+            # refused by the frontend's context check (400), never by the engine.
+            context_length=core.max_total_tokens,
             kv_block_size=self.config.block_size,
             total_kv_blocks=core.blocks.num_blocks,
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             eos_token_ids=list(core.spec.eos_token_ids),
             structured_output=core.guidance.available,
+            prompt_embeds_hidden_size=(
+                core.spec.hidden_size if self.config.enable_prompt_embeds else 0
+            ),
+            loras=self.list_loras(),
             engine="native",
         )
 
@@ -176,6 +205,63 @@ class NativeEngine(Engine):
     async def clear_kv(self) -> None:
         await self._between_steps(self._core().clear_kv)
         self._after_change()
+
+    # -- LoRA ----------------------------------------------------------------------------
+
+    async def load_lora(self, name: str, path: str) -> LoraInfo:
+        allowed = list(self.config.lora_allowed_dirs)
+        return await self._load_lora(name, path, allowed_dirs=allowed)
+
+    async def _load_lora(
+        self, name: str, source: str, *, allowed_dirs: list[str] | None
+    ) -> LoraInfo:
+        core = self._core()
+        if not self.config.enable_lora:
+            raise Unsupported("LoRA is off: start the worker with --enable-lora")
+        if name == self.served_name:
+            raise EngineError(f"a LoRA adapter cannot take the base model's name {name!r}")
+        lock = self._lora_locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            loop = asyncio.get_running_loop()
+            # Reading and mapping the files happens off the event loop and off the step
+            # thread; the adapter is registered (between two steps) only once it is whole.
+            path = await loop.run_in_executor(
+                None, lambda: resolve_adapter(source, allowed_dirs=allowed_dirs)
+            )
+            current = core.adapters.get(name)
+            if current is not None and current.path == str(path):
+                return self._lora_info(name)
+            runner = core.runner
+            adapter = await loop.run_in_executor(
+                None,
+                lambda: load_adapter(
+                    name, path, runner.model, self.config.max_lora_rank, runner.dtype
+                ),
+            )
+            if runner.device.type == "cuda":
+                pin_adapter(adapter)
+            await self._between_steps(lambda: core.add_adapter(adapter))
+            log.info("LoRA adapter %s loaded from %s (rank %d)", name, path, adapter.rank)
+            return self._lora_info(name)
+
+    async def unload_lora(self, name: str) -> None:
+        core = self._core()
+        if not self.config.enable_lora:
+            raise Unsupported("LoRA is off: start the worker with --enable-lora")
+        async with self._lora_locks.setdefault(name, asyncio.Lock()):
+            if not await self._between_steps(lambda: core.remove_adapter(name)):
+                raise EngineError(f"LoRA adapter {name!r} is not loaded")
+        log.info("LoRA adapter %s unloaded", name)
+
+    def list_loras(self) -> list[LoraInfo]:
+        core = self.core
+        if core is None:
+            return []
+        return [self._lora_info(name) for name in sorted(core.adapters)]
+
+    def _lora_info(self, name: str) -> LoraInfo:
+        adapter = self._core().adapters[name]
+        return LoraInfo(name=name, path=adapter.path, base_model=self.served_name)
 
     def metrics(self) -> dict[str, Any]:
         core = self.core

@@ -18,6 +18,7 @@ from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.guided import Guidance
+from stator.engines.native.lora.adapter import LoraAdapter
 from stator.engines.native.overlap import (
     PLACEHOLDER,
     PendingStep,
@@ -32,6 +33,7 @@ from stator.engines.native.sampler import Sampler, gather_logprobs
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
 from stator.engines.native.spec import SpecDecoder, make_spec_decoder
 from stator.engines.native.tp_runner import make_runner
+from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
 
 
@@ -57,6 +59,12 @@ class EngineCore:
         if config.block_size < 1:
             raise ValueError(f"--block-size must be positive, got {config.block_size}")
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
+        if config.tensor_parallel_size > 1 and (config.enable_lora or config.enable_prompt_embeds):
+            raise ValueError(
+                "--enable-lora and --enable-prompt-embeds do not work with tensor parallelism "
+                "yet (--tensor-parallel-size > 1): the steps sent to the other ranks carry "
+                "neither adapters nor embeddings"
+            )
         # One runner, or rank 0 of a tensor-parallel group (--tensor-parallel-size).
         self.runner = make_runner(self.spec, config, model_dir, self.max_model_len, backend)
         self.blocks = BlockManager(
@@ -70,6 +78,7 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_prefill_chunk=config.max_prefill_chunk,
+            max_loras=config.max_loras if config.enable_lora else 0,
         )
         self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
         self.guidance = Guidance(
@@ -86,6 +95,7 @@ class EngineCore:
             # Drafting and verifying read each step's tokens on the host before the next.
             self.overlap = False
         self._pending: PendingStep | None = None  # a launched step not yet read back
+        self.adapters: dict[str, LoraAdapter] = {}  # loaded LoRA adapters by name
 
     # -- requests ------------------------------------------------------------------------
 
@@ -93,13 +103,20 @@ class EngineCore:
         if request.request_id in self.seqs:
             raise EngineError(f"request id {request.request_id!r} is already running")
         validate_request(request, self.spec, self.max_total_tokens)
+        adapter = self._adapter(request.lora_name)
+        embeds = self._prompt_embeds(request)
         sampling = resolve_sampling(request, self.spec, self.max_total_tokens)
+        # Rows of prompt embeddings stand in for tokens: their ids are placeholders.
+        token_ids = list(request.token_ids) if embeds is None else [0] * embeds.shape[0]
         seq = Sequence(
             request_id=request.request_id,
-            token_ids=list(request.token_ids),
-            num_prompt_tokens=len(request.token_ids),
+            token_ids=token_ids,
+            num_prompt_tokens=len(token_ids),
             sampling=sampling,
             max_total_tokens=self.max_total_tokens,
+            lora_name=request.lora_name if adapter is not None else None,
+            lora=adapter,
+            prompt_embeds=embeds,
         )
         self.guidance.attach(seq, request.sampling.guided_decoding)
         if sampling.seed is not None:
@@ -109,6 +126,56 @@ class EngineCore:
             seq.prompt_logprobs.append(None)  # the first prompt token has no context
         self.seqs[seq.request_id] = seq
         self.scheduler.add(seq)
+
+    def _adapter(self, name: str | None) -> LoraAdapter | None:
+        if not name:
+            return None
+        if not self.config.enable_lora:
+            raise EngineError(
+                f"LoRA adapter {name!r} asked for, but LoRA is off: start the worker with "
+                "--enable-lora"
+            )
+        adapter = self.adapters.get(name)
+        if adapter is None:
+            raise EngineError(f"LoRA adapter {name!r} is not loaded")
+        return adapter
+
+    def _prompt_embeds(self, request: EngineRequest) -> torch.Tensor | None:
+        if request.prompt_embeds is None:
+            return None
+        if not self.config.enable_prompt_embeds:
+            raise EngineError("prompt_embeds are off: start the worker with --enable-prompt-embeds")
+        if not getattr(self.runner.model, "supports_prompt_embeds", False):
+            raise EngineError(f"{self.spec.architecture} does not take prompt_embeds")
+        try:
+            tensor = embeds_tensor(
+                request.prompt_embeds,
+                request.prompt_embeds_shape,
+                request.prompt_embeds_dtype,
+                self.spec.hidden_size,
+                self.max_total_tokens - 1,
+            )
+        except InvalidPromptEmbeds as exc:
+            raise EngineError(f"invalid prompt_embeds: {exc}") from exc
+        return tensor.to(device=self.runner.device, dtype=self.runner.dtype)
+
+    # -- LoRA adapters -------------------------------------------------------------------
+
+    def add_adapter(self, adapter: LoraAdapter) -> None:
+        """Register (or replace) an adapter; requests already running keep theirs."""
+        old = self.adapters.get(adapter.name)
+        self.adapters[adapter.name] = adapter
+        if old is not None and old is not adapter and self.runner.lora_slots is not None:
+            self.runner.lora_slots.forget(old)
+
+    def remove_adapter(self, name: str) -> bool:
+        adapter = self.adapters.pop(name, None)
+        if adapter is None:
+            return False
+        in_use = any(s.lora is adapter for s in self.seqs.values())
+        if not in_use and self.runner.lora_slots is not None:
+            self.runner.lora_slots.forget(adapter)
+        return True
 
     def abort(self, request_id: str) -> bool:
         """Drop a request and free its blocks now. False when the id is unknown."""
@@ -170,7 +237,11 @@ class EngineCore:
                 sample_idx.append(len(rows))
                 rows.append(offset + n - 1)
             offset += n
-        inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens, rows)
+        slots = self.runner.lora_slots
+        lora_slots = None
+        if slots is not None and any(seq.lora is not None for seq in batch.seqs):
+            lora_slots = slots.slots_for([seq.lora for seq in batch.seqs])
+        inputs = self.runner.prepare(batch.seqs, batch.num_new_tokens, rows, lora_slots)
         dst, src = placeholder_rows(batch.seqs, batch.num_new_tokens, pending)
         if dst and pending is not None:
             patch_inputs(inputs.input_ids, pending, dst, src)

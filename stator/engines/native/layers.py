@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from stator.engines.native.context import current_lora
 from stator.engines.native.sharding import read_all
 
 
@@ -55,6 +56,8 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.gemv_config: Any = None
+        # The LoRA adapter slots of this projection (`lora/slots.py`), when LoRA is on.
+        self.lora: Any = None
         for p in self.parameters():
             p.weight_loader = self.load_shard  # type: ignore[attr-defined]
 
@@ -64,8 +67,15 @@ class Linear(nn.Linear):
             from stator.engines.native.kernels.gemv import gemv
 
             y = gemv(x, self.weight, cfg)
-            return y if self.bias is None else y + self.bias
-        return super().forward(x)
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            y = super().forward(x)
+        if self.lora is not None:
+            batch = current_lora()
+            if batch is not None:
+                y = self.lora.apply(x, y, batch)
+        return y
 
     def shard_slices(self) -> dict[Any, slice]:
         return {}

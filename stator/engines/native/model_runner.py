@@ -19,9 +19,12 @@ from stator.engines.native.cpu_threads import StepThreads
 from stator.engines.native.cuda_graphs import DecodeGraphs
 from stator.engines.native.layers import Linear
 from stator.engines.native.loader import load_weights
+from stator.engines.native.lora.batch import build_lora_batch, token_slots
+from stator.engines.native.lora.slots import LoraSlots
 from stator.engines.native.models import model_class
 from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
+from stator.kv.block_copy import pool_shape
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +99,24 @@ class ModelRunner:
         else:
             load_weights(self.model, model_dir)
         self.model.eval()
+        self.lora_slots: LoraSlots | None = None
+        if config.enable_lora:
+            # Before the KV cache is sized: the slots take their memory first.
+            self.lora_slots = LoraSlots(
+                self.model, config.max_loras, config.max_lora_rank, self.dtype, self.device
+            )
+            log.info(
+                "LoRA: %d slots of rank %d (%.1f MiB)",
+                config.max_loras,
+                config.max_lora_rank,
+                self.lora_slots.nbytes() / 2**20,
+            )
         # Half precision only: in float32 the kernel's dot would round through tf32.
         half = self.dtype in (torch.bfloat16, torch.float16)
         if self.device.type == "cuda" and config.tune_gemv and half:
             self._choose_gemv()
         self.graphs: DecodeGraphs | None = None
+        self.kv_pool: torch.Tensor | None = None
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
         self._allocate_kv(self.num_blocks)
@@ -118,6 +134,7 @@ class ModelRunner:
                 block_size=self.block_size,
                 sliding_window=self.sliding_window,
                 device=self.device,
+                lora_slots=config.max_loras if self.lora_slots is not None else 0,
             )
             self.graphs.capture()
 
@@ -139,11 +156,19 @@ class ModelRunner:
         log.info("split-K GEMV for batch <= 8: %s", chosen)
 
     def _allocate_kv(self, num_blocks: int) -> None:
-        shape = (num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
-        for layer in self.model.attention_layers():
-            # Zeroed, not empty: padded gathers read unused slots and must see finite values.
-            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        """One pool tensor for every layer's keys and values (`stator.kv.block_copy`):
+        each layer's caches are contiguous views of it, and whole blocks move in and out
+        of it (offload tiers, KV transfer) with one gather or scatter."""
+        layers = self.model.attention_layers()
+        shape = pool_shape(
+            len(layers), num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim
+        )
+        self.kv_pool = None  # free the old pool before allocating the new one
+        # Zeroed, not empty: padded gathers read unused slots and must see finite values.
+        self.kv_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache = self.kv_pool[i, 0]
+            layer.v_cache = self.kv_pool[i, 1]
 
     @torch.inference_mode()
     def _warm_up_peak(self) -> int:
@@ -219,15 +244,26 @@ class ModelRunner:
     # -- one step ------------------------------------------------------------------------
 
     def prepare(
-        self, seqs: list[Sequence], num_new: list[int], logits_rows: list[int]
+        self,
+        seqs: list[Sequence],
+        num_new: list[int],
+        logits_rows: list[int],
+        lora_slots: list[int] | None = None,
     ) -> StepInputs:
-        """Flatten the batch. Sequence i computes tokens [computed, computed + num_new[i])."""
+        """Flatten the batch. Sequence i computes tokens [computed, computed + num_new[i]);
+        `lora_slots`: the adapter slot of each sequence (-1: the base model)."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         bs = self.block_size
+        embed_rows: list[int] = []
+        embed_values: list[torch.Tensor] = []
         for seq, n in zip(seqs, num_new, strict=True):
             start = seq.num_computed_tokens
+            if seq.prompt_embeds is not None and start < seq.num_prompt_tokens:
+                end = min(start + n, seq.num_prompt_tokens)
+                embed_rows.extend(range(len(input_ids), len(input_ids) + end - start))
+                embed_values.append(seq.prompt_embeds[start:end])
             input_ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             table = seq.block_ids
@@ -251,11 +287,22 @@ class ModelRunner:
             uniform=len(set(num_new)) == 1 and len(set(seq_lens)) == 1,
             num_leading_single=_leading_ones(num_new),
         )
+        if embed_rows:
+            ctx.input_embeds = (to_device(embed_rows, dev), torch.cat(embed_values))
+        if lora_slots is not None and self.lora_slots is not None:
+            ctx.lora = build_lora_batch(
+                token_slots(lora_slots, num_new),
+                self.lora_slots.num_slots,
+                dev,
+                groups=dev.type != "cuda",
+            )
         return StepInputs(
             input_ids=to_device(input_ids, dev),
             ctx=ctx,
             logits_rows=to_device(logits_rows, dev),
-            plain_decode=max(num_new) == 1 and logits_rows == list(range(len(seqs))),
+            plain_decode=max(num_new) == 1
+            and logits_rows == list(range(len(seqs)))
+            and not embed_rows,
         )
 
     def step_scope(self, decode: bool, tokens: int) -> contextlib.AbstractContextManager:

@@ -47,7 +47,7 @@ def resolve_sampling(
     bad = [k for k in bias if not 0 <= k < vocab]
     _check(not bad, f"logit_bias names token ids outside the vocabulary (size {vocab}): {bad[:5]}")
 
-    room = max_total_tokens - len(request.token_ids)
+    room = max_total_tokens - prompt_length(request)
     max_tokens = room if stop.max_tokens is None else stop.max_tokens
     _check(max_tokens >= 1, f"max_tokens must be at least 1, got {max_tokens}")
     _check(stop.min_tokens >= 0, f"min_tokens must be >= 0, got {stop.min_tokens}")
@@ -74,11 +74,15 @@ def resolve_sampling(
 
 
 def validate_request(request: EngineRequest, spec: ModelSpec, max_total_tokens: int) -> None:
-    _check(
-        request.prompt_embeds is None, "the native engine takes token ids, not prompt embeddings"
-    )
+    """Checks of a token-id prompt; prompt embeddings are checked where they are decoded
+    (`EngineCore.add_request`), LoRA adapters where they are looked up."""
     _check(request.sampling.n == 1, "the native engine samples one sequence per request (n=1)")
-    _check(not request.lora_name, "the native engine does not support LoRA adapters")
+    if request.prompt_embeds is not None:
+        _check(
+            request.sampling.prompt_logprobs is None,
+            "prompt_logprobs cannot be given with prompt_embeds (the prompt has no token ids)",
+        )
+        return
     _check(bool(request.token_ids), "the prompt is empty")
     n = len(request.token_ids)
     _check(
@@ -87,6 +91,13 @@ def validate_request(request: EngineRequest, spec: ModelSpec, max_total_tokens: 
     )
     bad = [t for t in request.token_ids if not 0 <= t < spec.vocab_size]
     _check(not bad, f"prompt token ids outside the vocabulary (size {spec.vocab_size}): {bad[:5]}")
+
+
+def prompt_length(request: EngineRequest) -> int:
+    shape = request.prompt_embeds_shape
+    if request.prompt_embeds is not None and shape:
+        return int(shape[0])
+    return len(request.token_ids)
 
 
 def _check(ok: bool, message: str) -> None:

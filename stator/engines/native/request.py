@@ -70,6 +70,11 @@ class Sequence:
     stop_token_id: int | None = None
     num_emitted: int = 0  # generated tokens already streamed to the caller
     matcher: Any = None  # structured output: the grammar state after the last real token
+    lora_name: str | None = None  # the adapter's name: part of the KV block hashes
+    lora: Any = None  # the adapter itself (`lora.adapter.LoraAdapter`), None: base model
+    # Embedding rows that replace the prompt's token embeddings [prompt, hidden] (on the
+    # device); such a sequence's KV is never shared through the prefix cache.
+    prompt_embeds: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

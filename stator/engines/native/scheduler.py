@@ -39,6 +39,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_prefill_chunk: int = 0,
+        max_loras: int = 0,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
@@ -46,6 +47,8 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_chunk = max_prefill_chunk
+        # The most distinct LoRA adapters running at once (the device's slots); 0 = no limit.
+        self.max_loras = max_loras
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -95,8 +98,13 @@ class Scheduler:
                 i += 1
         if batch.preempted:
             return batch  # memory is short: do not admit anything new this step
+        adapters = self._running_adapters()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.lora is not None and adapters is not None and id(seq.lora) not in adapters:
+                if len(adapters) >= self.max_loras:
+                    break  # every slot is taken by running adapters: wait for one to end
+                adapters.add(id(seq.lora))
             n = self._chunk(seq, budget)
             if not self.blocks.admit(seq, n):
                 break
@@ -109,6 +117,11 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
         return batch
+
+    def _running_adapters(self) -> set[int] | None:
+        if not self.max_loras:
+            return None
+        return {id(s.lora) for s in self.running if s.lora is not None}
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         n = min(seq.num_tokens - seq.num_computed_tokens, budget)

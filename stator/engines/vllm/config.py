@@ -74,6 +74,9 @@ class VllmConfig:
             for dest, default in defaults.items()
             if dest in fields and hasattr(namespace, dest) and getattr(namespace, dest) != default
         }
+        # vLLM's --max-model-len is the worker's own flag (it sets the card too).
+        if getattr(namespace, "max_model_len", 0):
+            config.engine_args["max_model_len"] = namespace.max_model_len
         return config
 
 

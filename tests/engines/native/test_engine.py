@@ -129,8 +129,8 @@ async def test_kv_events_are_published_with_increasing_ids(engine):
         ({"sampling": SamplingOptions(logit_bias={10**7: 1.0})}, "logit_bias"),
         ({"sampling": SamplingOptions(n=2)}, "n=1"),
         ({"stop": StopConditions(max_tokens=0)}, "max_tokens"),
-        ({"prompt_embeds": b"\0" * 8}, "embeddings"),
-        ({"lora_name": "x"}, "LoRA"),
+        ({"prompt_embeds": b"\0" * 8}, "--enable-prompt-embeds"),
+        ({"lora_name": "x"}, "--enable-lora"),
     ],
 )
 async def test_bad_requests_are_clear_errors(engine, change, message):

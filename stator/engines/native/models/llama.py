@@ -13,6 +13,7 @@ from torch import nn
 
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.config import ModelSpec
+from stator.engines.native.context import get_context
 from stator.engines.native.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from stator.engines.native.models.registry import register
 from stator.engines.native.parallel_layers import (
@@ -103,6 +104,9 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        embeds = get_context().input_embeds
+        if embeds is not None:  # prompt embeddings given in place of some tokens' lookups
+            x = x.index_copy(0, embeds[0], embeds[1])
         residual = None
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
@@ -119,6 +123,7 @@ class LlamaForCausalLM(nn.Module):
     qkv_bias: bool | None = None  # None: follow config.json's `attention_bias`
     o_bias: bool | None = None
     qk_norm = False
+    supports_prompt_embeds = True
 
     #: checkpoint module name -> (fused module name, shard)
     packed_modules = {

@@ -31,6 +31,9 @@ class _View:
     token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
+    # The drafter reads token ids only (a prompt given as embeddings drafts poorly).
+    prompt_embeds: None = None
+    num_prompt_tokens: int = 0
 
 
 class DraftModelProposer:

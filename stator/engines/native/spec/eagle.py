@@ -152,7 +152,11 @@ def load_eagle3_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 class _View:
+    """What `ModelRunner.prepare` reads of a sequence, with the head's own progress."""
+
     __slots__ = ("block_ids", "num_computed_tokens", "token_ids")
+    prompt_embeds = None
+    num_prompt_tokens = 0
 
     def __init__(self, seq: Sequence, computed: int) -> None:
         self.token_ids = seq.token_ids

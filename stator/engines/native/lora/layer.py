@@ -1,0 +1,47 @@
+"""`LoraLayer`: the adapter slots of one projection, applied after its base matmul.
+
+A projection of `n` shards (q/k/v: 3, gate/up: 2, others: 1) holds, per slot,
+`a` [n * R, in] (shard i's A in rows i*R..) and `b` [out, R] (each output row's B row, of
+its own shard); ranks below R are zero-padded. `y += (x @ A_i^T) @ B_i^T` per shard, for
+the tokens of each slot: Triton kernels on CUDA, a loop over the slots in use elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from stator.engines.native.lora.batch import LoraBatch
+
+
+class LoraLayer:
+    def __init__(
+        self, a: torch.Tensor, b: torch.Tensor, bounds: list[tuple[int, int]], rank: int
+    ) -> None:
+        self.a = a
+        self.b = b
+        self.bounds = bounds
+        self.rank = rank
+
+    def apply(self, x: torch.Tensor, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+        if x.is_cuda:
+            from stator.engines.native.kernels.lora import lora_expand, lora_shrink
+
+            h = lora_shrink(x, self.a, batch)
+            lora_expand(h, self.b, y, batch, self.bounds, self.rank)
+            return y
+        return self._apply_torch(x, y, batch)
+
+    def _apply_torch(self, x: torch.Tensor, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+        r = self.rank
+        whole = x.shape[0]
+        for slot, rows in batch.groups:
+            xs = x if rows.numel() == whole else x.index_select(0, rows)
+            h = xs @ self.a[slot].t()
+            if len(self.bounds) == 1:
+                delta = h @ self.b[slot].t()
+            else:
+                delta = torch.empty(xs.shape[0], y.shape[1], dtype=y.dtype, device=y.device)
+                for i, (start, stop) in enumerate(self.bounds):
+                    delta[:, start:stop] = h[:, i * r : (i + 1) * r] @ self.b[slot, start:stop].t()
+            y = y.add_(delta) if rows.numel() == whole else y.index_add_(0, rows, delta)
+        return y
