@@ -80,6 +80,8 @@ def request(rid: str, ids: list[int], max_tokens: int, spec: GuidedDecoding | No
 
 
 def config(args: argparse.Namespace, **kw) -> NativeConfig:
+    """(In the speculative runs the prefix cache is off: a prompt prefilled from cached
+    blocks gives bf16-different logits, and the recorded continuation would not match.)"""
     return NativeConfig(
         device="cpu" if args.smoke else "cuda",
         dtype="float32" if args.smoke else "bfloat16",
@@ -124,11 +126,16 @@ def mask_overhead(args: argparse.Namespace, model_dir: Path) -> dict:
     rng = random.Random(0)
     schema = SCHEMAS[args.schema][0]
     out: dict = {"schema": args.schema}
+    variants = [(False, None), (True, None)] + [(True, n) for n in args.mask_threads]
     for bs in args.batch_sizes:
         row = {}
-        for constrained in (False, True):
+        for constrained, threads in variants:
             spec = GuidedDecoding(json_schema=schema) if constrained else None
-            tag = f"m{bs}{'c' if constrained else 'u'}"
+            tag = f"m{bs}{'c' if constrained else 'u'}{threads}"
+            if threads is not None:
+                import llguidance
+
+                core.guidance._compiler().executor = llguidance.LLExecutor(threads)
             for i in range(bs):
                 core.add_request(request(f"{tag}{i}", random_ids(rng, 256), 200, spec))
             while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
@@ -143,15 +150,21 @@ def mask_overhead(args: argparse.Namespace, model_dir: Path) -> dict:
             sync()
             step_ms = 1e3 * (time.perf_counter() - start) / n
             name = "constrained" if constrained else "free"
+            if threads is not None:
+                name += f"_threads{threads}"
             row[name + "_step_ms"] = round(step_ms, 3)
             row[name + "_running"] = len(core.scheduler.running)
             if constrained:
-                row["mask_host_ms_per_step"] = round(1e3 * host["s"] / max(1, host["calls"]), 3)
+                host_ms = round(1e3 * host["s"] / max(1, host["calls"]), 3)
+                row[name + "_mask_host_ms_per_step"] = host_ms
             for rid in list(core.seqs):
                 core.abort(rid)
             while core.has_work():
                 core.step()
         row["overhead"] = round(row["constrained_step_ms"] / row["free_step_ms"] - 1, 4)
+        for n in args.mask_threads:
+            ratio = row[f"constrained_threads{n}_step_ms"] / row["free_step_ms"] - 1
+            row[f"overhead_threads{n}"] = round(ratio, 4)
         out[f"batch{bs}"] = row
         print(f"mask overhead batch {bs}: {row}", flush=True)
     free(core)
@@ -221,7 +234,7 @@ def speculative(args: argparse.Namespace, model_dir: Path, draft_dir: Path) -> d
     rng = random.Random(1)
     prompts = {b: [random_ids(rng, 128) for _ in range(b)] for b in args.spec_batches}
     out: dict = {"k": args.k, "tokens": args.tokens}
-    base = EngineCore(config(args), model_dir)
+    base = EngineCore(config(args, enable_prefix_caching=False), model_dir)
     decode_rate(base, prompts[args.spec_batches[0]], "warm", 16)
     for b in args.spec_batches:
         rate, _ = decode_rate(base, prompts[b], f"base{b}-", args.tokens)
@@ -231,7 +244,7 @@ def speculative(args: argparse.Namespace, model_dir: Path, draft_dir: Path) -> d
     spec = json.dumps(
         {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": args.k}
     )
-    core = EngineCore(config(args, speculative_config=spec), model_dir)
+    core = EngineCore(config(args, speculative_config=spec, enable_prefix_caching=False), model_dir)
     assert core.specdec is not None
     draft = core.specdec.model
     oracle = Oracle(None, core.spec.vocab_size)
@@ -277,6 +290,13 @@ def main() -> None:
     parser.add_argument("--spec-batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.6, 0.8, 1.0])
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument(
+        "--mask-threads",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time masks filled by N threads",
+    )
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--schema", default="nested_record", choices=sorted(SCHEMAS))

@@ -62,14 +62,18 @@ class GrammarCompiler:
 
     @classmethod
     def for_model(
-        cls, model_dir: str | Path, vocab_size: int, eos_token_ids: list[int]
+        cls,
+        model_dir: str | Path,
+        vocab_size: int,
+        eos_token_ids: list[int],
+        threads: int | None = None,
     ) -> GrammarCompiler | None:
         """None when the library is missing or the model has no `tokenizer.json`."""
         path = Path(model_dir) / "tokenizer.json"
         if not available() or not path.is_file():
             return None
         try:
-            return cls(path.read_text(), vocab_size, eos_token_ids)
+            return cls(path.read_text(), vocab_size, eos_token_ids, threads=threads)
         except Exception:  # an unusual tokenizer: serve without structured output
             log.exception("structured output is off: llguidance cannot read %s", path)
             return None

@@ -84,6 +84,11 @@ class NativeConfig:
         "(benchmarks without a checkpoint)",
         choices=["auto", "dummy"],
     )
+    grammar_threads: int = option(
+        0,
+        "Threads that fill structured output's token masks (0 = llguidance's default: 80% "
+        "of the cores, at most 32)",
+    )
     speculative_config: str = option(
         "",
         "Speculative decoding, as vLLM spells it (JSON): method ngram | draft_model | eagle3, "

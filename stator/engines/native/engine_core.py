@@ -82,7 +82,11 @@ class EngineCore:
         )
         self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
         self.guidance = Guidance(
-            model_dir, self.spec.vocab_size, self.spec.eos_token_ids, self.runner.device
+            model_dir,
+            self.spec.vocab_size,
+            self.spec.eos_token_ids,
+            self.runner.device,
+            config.grammar_threads,
         )
         # A sequence never outgrows the whole cache, so it can always run alone.
         self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)

@@ -38,8 +38,10 @@ class Guidance:
         vocab_size: int,
         eos_token_ids: list[int],
         device: torch.device,
+        threads: int = 0,
     ) -> None:
         self.model_dir = Path(model_dir)
+        self.threads = threads or None
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         self.device = device
@@ -53,7 +55,7 @@ class Guidance:
     def _compiler(self) -> GrammarCompiler | None:
         if self.compiler is None and self.available:
             self.compiler = GrammarCompiler.for_model(
-                self.model_dir, self.vocab_size, self.eos_token_ids
+                self.model_dir, self.vocab_size, self.eos_token_ids, self.threads
             )
         return self.compiler
 

@@ -83,6 +83,15 @@ class Sampler:
         is_greedy = to_device([s.sampling.greedy for s in seqs], dev, torch.bool)
         return torch.where(is_greedy[:, None], one_hot, probs)
 
+    def greedy(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[N]: each row's argmax after the logit processors (greedy rows' choice)."""
+        logits = logits.float()
+        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
+            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
+        if any(s.sampling.uses_penalties for s in seqs):
+            logits = self._apply_penalties(logits, seqs)
+        return logits.argmax(dim=-1)
+
     def draw(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """One token per row of `probs` [N, V] (an exponential race; seeded sequences use
         their own generator)."""

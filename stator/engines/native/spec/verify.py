@@ -44,6 +44,8 @@ def verify(
         rows.extend(range(g.first_row, g.first_row + len(g.drafts) + 1))
         row_seqs.extend([g.seq] * (len(g.drafts) + 1))
     logits = target_logits.index_select(0, to_device(rows, dev))
+    if all(g.seq.sampling.greedy for g in groups):
+        return _verify_greedy(sampler, logits, row_seqs, groups)
     p = sampler.probs(logits, row_seqs)
     # Flat draft positions: their row in `p`, token, and q(token).
     draft_rows: list[int] = []
@@ -97,3 +99,21 @@ def verify(
         base += k + 1
     finals = sampler.draw(torch.stack(final_rows), [g.seq for g in groups]).tolist()
     return [[*g.drafts[:n], t] for g, n, t in zip(groups, accepted, finals, strict=True)]
+
+
+def _verify_greedy(
+    sampler: Sampler, logits: torch.Tensor, row_seqs: list[Sequence], groups: list[DraftGroup]
+) -> list[list[int]]:
+    """All greedy: one argmax per row and one read; a draft survives while it equals the
+    target's choice, and the choice at the first mismatch (or after the last draft) is
+    the token added."""
+    best = sampler.greedy(logits, row_seqs).tolist()
+    out = []
+    base = 0
+    for g in groups:
+        n = 0
+        while n < len(g.drafts) and g.drafts[n] == best[base + n]:
+            n += 1
+        out.append([*g.drafts[:n], best[base + n]])
+        base += len(g.drafts) + 1
+    return out
