@@ -128,6 +128,10 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int = 0
 
 
+# `EngineOutput.error_code` of a request the engine refused (an HTTP 400 at the edge).
+INVALID_REQUEST = "invalid_request"
+
+
 class EngineOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One delta of a generation stream. The last one carries `finish_reason`."""
 
@@ -139,6 +143,9 @@ class EngineOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The stop token that ended generation (visible or hidden), when one did.
     stop_token_id: int | None = None
     error: str | None = None
+    # With finish_reason "error": why, for the HTTP status. "invalid_request": the engine
+    # refused the request (its fault: 400); anything else, or none: the engine failed (500).
+    error_code: str | None = None
     # Prompt tokens served from the prefix cache; set on the first output.
     cached_tokens: int | None = None
     disagg: DisaggParams | None = None
@@ -210,14 +217,18 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True, omit_defaults=True
     token_ids: list[int] = msgspec.field(default_factory=list)
     block_size: int = 16
     lora_name: str | None = None
+    # Where the blocks now are: "gpu" (the engine's own cache), or a lower tier the engine
+    # can load them back from: "host" (pinned memory), "disk". A block may be in several.
+    tier: str = "gpu"
 
 
-class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True):
+class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True, omit_defaults=True):
     block_hashes: list[int]
+    tier: str = "gpu"  # the tier the blocks left (they may still be in another)
 
 
 class AllCleared(msgspec.Struct, tag="cleared", kw_only=True):
-    pass
+    """Every block of the worker is gone, in every tier."""
 
 
 KvEventData = BlockStored | BlockRemoved | AllCleared

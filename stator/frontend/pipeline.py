@@ -59,7 +59,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 
 class EngineFailed(Exception):
-    """The worker reported an error for this choice (not the client's fault)."""
+    """The worker reported an error for this choice; `code` is its
+    `EngineOutput.error_code` (`INVALID_REQUEST`: the engine refused the request)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ChoiceStream:
@@ -101,7 +106,7 @@ class ChoiceStream:
         except Migratable as exc:
             raise errors.no_workers(self.request.model) from exc
         except EngineFailed as exc:
-            raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
+            raise errors.engine_failed_from(exc) from exc
         finally:
             # Time to route and get the first output back (prefill included).
             self.pipeline.metrics.stage_timers["route"].observe(time.perf_counter() - started)
@@ -121,7 +126,7 @@ class ChoiceStream:
         async for output in self._outputs:
             self._started = True
             if output.finish_reason == "error":
-                raise EngineFailed(output.error or "engine error")
+                raise EngineFailed(output.error or "engine error", output.error_code)
             started = time.perf_counter()
             delta = self.processor.process(output)
             self.detokenize_seconds += time.perf_counter() - started
@@ -253,10 +258,23 @@ class ModelPipeline:
         except TemplateRenderError as exc:
             raise errors.bad_request(str(exc), param="messages") from exc
         rendered = time.perf_counter()
+        self.check_text_length(text, "messages")
         ids = await self.tokenizer.encode_async(text, add_special_tokens=False)
         self.metrics.stage_timers["template"].observe(rendered - started)
         self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - rendered)
         return ids
+
+    def check_text_length(self, text: str, param: str) -> None:
+        """A 400 for text too long to fit the context whatever it tokenizes to, before
+        paying to tokenize it."""
+        limit = self.context_length * self.tokenizer.max_token_chars
+        if len(text) > limit:
+            raise errors.bad_request(
+                f"This model's maximum context length is {self.context_length} tokens; the "
+                f"prompt's {len(text)} characters cannot fit in it.",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     @staticmethod
     def _template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:

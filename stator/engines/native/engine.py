@@ -270,6 +270,7 @@ class NativeEngine(Engine):
         out: dict[str, Any] = {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
+            "preemptions_total": core.scheduler.num_preemptions,
         }
         if core.specdec is not None:
             stats = core.specdec.stats
@@ -280,6 +281,8 @@ class NativeEngine(Engine):
                 native_spec_acceptance_rate=stats.acceptance_rate,
                 native_spec_mean_accepted_length=stats.mean_accepted_length,
             )
+        if core.offload is not None:
+            out.update(core.offload.metrics())
         return out
 
     # -- the loop ------------------------------------------------------------------------
