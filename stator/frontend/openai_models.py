@@ -56,6 +56,24 @@ class ChatMessage(BaseModel):
         return data
 
 
+class AgentHints(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    priority: int | None = None
+
+
+class NvExt(BaseModel):
+    """Dynamo's `nvext` extension fields that stator reads: latency targets (ms) and a
+    priority, which the global router uses to pick a pool."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ttft_target: Annotated[float, Field(gt=0.0)] | None = None
+    itl_target: Annotated[float, Field(gt=0.0)] | None = None
+    priority: int | None = None
+    agent_hints: AgentHints | None = None
+
+
 class SamplingFields(BaseModel):
     """Fields shared by chat and completions requests. Strict: `"1"` or `true` is no
     integer (pydantic's lax mode took both)."""
@@ -90,6 +108,7 @@ class SamplingFields(BaseModel):
     # vLLM's newer spelling of the guided_* fields: {json|regex|choice|grammar: ...}.
     structured_outputs: dict[str, Any] | None = None
     user: str | None = None
+    nvext: NvExt | None = None
 
     @field_validator("stop")
     @classmethod
