@@ -201,6 +201,9 @@ class ModelCard(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The engine can dump its KV cache as events (admin op `kv_state`), so a router that
     # missed some of its events can resync. vLLM cannot: its routers bridge such gaps.
     kv_state_available: bool = True
+    # The engine enforces `SamplingOptions.guided_decoding` (JSON schema, regex, choice,
+    # grammar); the frontend refuses constrained requests (400) for a model without it.
+    structured_output: bool = False
     migration_limit: int = 0
     data_parallel_size: int = 1
     engine: str = ""

@@ -24,8 +24,11 @@ class ScriptedEngine(Engine):
         source_path: str = "",
         eos_token_id: int | None = None,
         block_size: int = 16,
+        structured_output: bool = True,
     ) -> None:
         self.name = name
+        # Claims the capability so constrained requests reach it (it ignores them).
+        self.structured_output = structured_output
         self.script = script
         self.delay = delay
         self.source_path = source_path
@@ -91,6 +94,7 @@ class ScriptedEngine(Engine):
             total_kv_blocks=1024,
             eos_token_ids=[] if self.eos_token_id is None else [self.eos_token_id],
             engine="scripted",
+            structured_output=self.structured_output,
         )
 
     def load(self) -> list[LoadReport]:

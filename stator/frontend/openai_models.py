@@ -104,6 +104,9 @@ class SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    # vLLM's newer spelling of the guided_* fields: {json|regex|choice|grammar: ...}.
+    structured_outputs: dict[str, Any] | None = None
     user: str | None = None
     nvext: NvExt | None = None
 

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 from stator.frontend import errors
 from stator.llm.postprocess import Delta
-from stator.parsers import OutputParser, ParsedDelta
+from stator.parsers import OutputParser, ParsedDelta, ToolCallDelta
+from stator.parsers.calls import new_call_id
 from stator.parsers.harmony import (
     ChatConversionError,
     HarmonyRenderer,
@@ -31,6 +32,7 @@ from stator.parsers.reasoning import reasoning_parser_names
 from stator.parsers.reasoning.think_tags import THINK_END, THINK_START
 from stator.parsers.tool_calls import get_tool_call_parser, tool_call_parser_names
 from stator.protocols import ModelCard
+from stator.structured_output import forced_tool_schema, parse_forced_calls
 
 
 class ChoiceParser(Protocol):
@@ -71,6 +73,35 @@ class HarmonyChoiceParser:
         return ParsedDelta(delta.reasoning, delta.content, calls)
 
 
+class ForcedCallsParser:
+    """A forced `tool_choice` whose output was constrained to the tools' schema
+    (`structured_output.tools`): the whole output is the call(s), read at the finish.
+    Output that does not parse (cut off by max_tokens) stays content, and the tool-choice
+    check then answers `model_error`."""
+
+    def __init__(self, tool_choice: Any) -> None:
+        self._tool_choice = tool_choice
+        self._text: list[str] = []
+
+    def feed(self, delta: Delta) -> ParsedDelta:
+        if delta.text:
+            self._text.append(delta.text)
+        return ParsedDelta()
+
+    def finish(self) -> ParsedDelta:
+        text = "".join(self._text)
+        try:
+            calls = parse_forced_calls(text, self._tool_choice)
+        except ValueError:
+            return ParsedDelta(content=text)
+        return ParsedDelta(
+            calls=[
+                ToolCallDelta(index=i, id=new_call_id(), name=name, arguments_fragment=args)
+                for i, (name, args) in enumerate(calls)
+            ]
+        )
+
+
 def parser_markers(reasoning_parser: str | None, tool_call_parser: str | None) -> set[str]:
     """The marker strings the model's parsers look for (read off the parser classes)."""
     markers: set[str] = set()
@@ -95,6 +126,9 @@ class ModelParsing:
     # `<|python_tag|>`): decoding must then keep special tokens, or the parser never sees
     # the marker. The parser removes the markers from content.
     markers_are_special: bool = False
+    # The workers can constrain output to a schema (`ModelCard.structured_output`): a
+    # required or named tool choice is then enforced with the tools' schema.
+    constrain_tools: bool = False
 
     @classmethod
     def from_card(cls, card: ModelCard, tokenizer: Any) -> ModelParsing:
@@ -117,7 +151,9 @@ class ModelParsing:
             harmony = HarmonyRenderer(tokenizer)  # HarmonyVocabularyError: loud, at load
         special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
         markers_are_special = bool(parser_markers(reasoning, tools) & special)
-        return cls(reasoning, tools, harmony, markers_are_special)
+        # Harmony models call tools in their own channel format: not constrained.
+        constrain = card.structured_output and harmony is None
+        return cls(reasoning, tools, harmony, markers_are_special, constrain)
 
     @property
     def active(self) -> bool:
@@ -155,12 +191,19 @@ class ModelParsing:
                     f"tool_choice names function {name!r}, which is not among the tools.",
                     param="tool_choice",
                 )
-        if forced and self.tool_call_parser is None and self.harmony is None:
+        constrained = self.constrain_tools
+        if forced and self.tool_call_parser is None and self.harmony is None and not constrained:
             raise errors.bad_request(
                 "This model cannot return tool calls: its worker runs without a tool-call "
                 "parser (start it with --tool-call-parser).",
                 param="tool_choice",
             )
+
+    def forced_tool_schema(self, tools: list[dict] | None, tool_choice: Any) -> dict | None:
+        """The JSON schema a forced tool choice constrains the output to, when enforced."""
+        if not self.constrain_tools:
+            return None
+        return forced_tool_schema(tools, tool_choice)
 
     def for_request(
         self,
@@ -169,6 +212,8 @@ class ModelParsing:
         tool_choice: Any,
         template_kwargs: dict | None,
     ) -> ChoiceParser | None:
+        if self.forced_tool_schema(tools, tool_choice) is not None:
+            return ForcedCallsParser(tool_choice)
         if not self.active:
             return None
         calls_wanted = bool(tools) and tool_choice != "none"

@@ -30,11 +30,20 @@ from stator.llm import (
     build_sampling,
 )
 from stator.llm.prompt_embeds import PromptEmbeds
-from stator.protocols import AdminResponse, EngineOutput, EngineRequest, ModelCard, RoutingHints
+from stator.protocols import (
+    AdminResponse,
+    EngineOutput,
+    EngineRequest,
+    GuidedDecoding,
+    ModelCard,
+    RoutingHints,
+    SamplingOptions,
+)
 from stator.router import BadRouting, Overloaded, Router, RouterConfig
 from stator.router.disagg import DisaggRouter
 from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
 from stator.runtime.names import PREFILL_COMPONENT, EndpointName
+from stator.structured_output import InvalidGrammar, validate
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +340,14 @@ class ModelPipeline:
                 )
             except InvalidParam as exc:
                 raise errors.bad_request(exc.message, param=exc.param) from exc
+            if api == "chat":
+                sampling = self._constrain_tool_choice(body, sampling)  # type: ignore[arg-type]
+            if sampling.guided_decoding is not None and not self.card.structured_output:
+                raise errors.bad_request(
+                    f"Model `{self.name}` cannot constrain its output: its workers "
+                    f"({self.card.engine or 'this engine'}) do not support structured output.",
+                    param="response_format",
+                )
             if self.parsing.harmony is not None and api == "chat":
                 # <|return|> ends the answer, <|call|> a tool call: both end generation.
                 # Visible, even where generation_config lists them as EOS: the parser
@@ -374,6 +391,26 @@ class ModelPipeline:
                 )
                 streams.append(ChoiceStream(self, index, request, processor))
         return streams
+
+    def _constrain_tool_choice(
+        self, body: ChatCompletionRequest, sampling: SamplingOptions
+    ) -> SamplingOptions:
+        """A required or named tool choice becomes a JSON-schema constraint (when the
+        workers can enforce one), so the model cannot answer without the call."""
+        schema = self.parsing.forced_tool_schema(body.tools, body.tool_choice)
+        if schema is None:
+            return sampling
+        if sampling.guided_decoding is not None:
+            raise errors.bad_request(
+                "A required or named tool_choice cannot be combined with another "
+                "structured-output constraint (response_format, guided_*).",
+                param="tool_choice",
+            )
+        try:
+            validate(GuidedDecoding(json_schema=schema), "tools")
+        except InvalidGrammar as exc:
+            raise errors.bad_request(exc.message, param="tools") from exc
+        return msgspec.structs.replace(sampling, guided_decoding=GuidedDecoding(json_schema=schema))
 
 
 def routing_hints(

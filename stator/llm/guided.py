@@ -9,6 +9,7 @@ from typing import Any
 
 from stator.llm.validate import InvalidParam
 from stator.protocols import GuidedDecoding
+from stator.structured_output import InvalidGrammar, validate
 
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 # vLLM's newer `structured_outputs: {json|regex|choice|grammar: ...}` spelling.
@@ -45,7 +46,7 @@ def guided_decoding(body: Mapping[str, Any]) -> GuidedDecoding | None:
         )
     if not specs:
         return None
-    spec = specs[0][1]
+    param, spec = specs[0]
     pattern = body.get("guided_whitespace_pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
@@ -53,6 +54,10 @@ def guided_decoding(body: Mapping[str, Any]) -> GuidedDecoding | None:
                 "guided_whitespace_pattern must be a string.", "guided_whitespace_pattern"
             )
         spec.whitespace_pattern = pattern
+    try:
+        validate(spec, param)
+    except InvalidGrammar as exc:
+        raise InvalidParam(exc.message, exc.param) from None
     return spec
 
 

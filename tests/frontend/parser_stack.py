@@ -83,7 +83,7 @@ def start_parser_stack(directory: Path) -> tuple[Stack, dict[str, ScriptedEngine
         for i, (name, text, card) in enumerate(MODELS):
             script = [*tokenizer.encode(text), eos]
             assert tokenizer.decode(script) == text  # the script says exactly this
-            engine = ScriptedEngine(name, script=script, eos_token_id=eos)
+            engine = ScriptedEngine(name, script=script, eos_token_id=eos, structured_output=False)
             stack.add_worker(engine, f"stator.parsed{i}.generate", wait_model=name, **card)
             engines[name] = engine
     except BaseException:

@@ -300,7 +300,9 @@ def test_marker_that_is_a_special_token_reaches_the_parser(tmp_path):
     assert tokenizer.token_to_id("[TOOL_CALLS]") in script
     stack = Stack(model_dir, store="frontend-tests-mistral").start()
     try:
-        engine = ScriptedEngine("test/mistral", script=script, eos_token_id=eos)
+        engine = ScriptedEngine(
+            "test/mistral", script=script, eos_token_id=eos, structured_output=False
+        )
         stack.add_worker(
             engine, "stator.mistral.generate", wait_model="test/mistral", tool_call_parser="mistral"
         )

@@ -160,7 +160,7 @@ def test_completion_logprobs_range():
         ({"guided_json": '{"type": "integer"}'}, GuidedDecoding(json_schema={"type": "integer"})),
         ({"guided_regex": "[a-z]+"}, GuidedDecoding(regex="[a-z]+")),
         ({"guided_choice": ["yes", "no"]}, GuidedDecoding(choice=["yes", "no"])),
-        ({"guided_grammar": "root ::= 'a'"}, GuidedDecoding(grammar="root ::= 'a'")),
+        ({"guided_grammar": 'root ::= "a"'}, GuidedDecoding(grammar='root ::= "a"')),
         ({"structured_outputs": {"regex": "x"}}, GuidedDecoding(regex="x")),
         (
             {"guided_json": {"type": "object"}, "guided_whitespace_pattern": r"[ ]?"},

@@ -84,6 +84,18 @@ class NativeConfig:
         "(benchmarks without a checkpoint)",
         choices=["auto", "dummy"],
     )
+    grammar_threads: int = option(
+        0,
+        "Threads that fill structured output's token masks (0 = llguidance's default: 80% "
+        "of the cores, at most 32)",
+    )
+    speculative_config: str = option(
+        "",
+        "Speculative decoding, as vLLM spells it (JSON): method ngram | draft_model | eagle3, "
+        "num_speculative_tokens, model (the draft or EAGLE-3 head directory), "
+        "prompt_lookup_max/min (ngram); empty = off",
+        metavar="JSON",
+    )
     moe_weights: str = option(
         "auto",
         "How MoE experts are held: bf16 = expanded to the model dtype; mxfp4 = packed as in "

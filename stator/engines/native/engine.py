@@ -277,6 +277,7 @@ class NativeEngine(Engine):
             max_num_seqs=self.config.max_num_seqs,
             max_num_batched_tokens=self.config.max_num_batched_tokens,
             eos_token_ids=list(core.spec.eos_token_ids),
+            structured_output=core.guidance.available,
             prompt_embeds_hidden_size=(
                 core.spec.hidden_size if self.config.enable_prompt_embeds else 0
             ),
@@ -378,6 +379,15 @@ class NativeEngine(Engine):
             **self.transfers.gauges(),
             "preemptions_total": core.scheduler.num_preemptions,
         }
+        if core.specdec is not None:
+            stats = core.specdec.stats
+            out.update(
+                native_spec_verifications=stats.steps,
+                native_spec_draft_tokens=stats.drafted,
+                native_spec_accepted_tokens=stats.accepted,
+                native_spec_acceptance_rate=stats.acceptance_rate,
+                native_spec_mean_accepted_length=stats.mean_accepted_length,
+            )
         if core.offload is not None:
             out.update(core.offload.metrics())
         return out

@@ -20,6 +20,7 @@ from stator.engines.base import EngineError
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.guided import Guidance
 from stator.engines.native.kv_handoff import ExportTable, ImportPlan, import_plan
 from stator.engines.native.lora.adapter import LoraAdapter
 from stator.engines.native.overlap import (
@@ -34,6 +35,7 @@ from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler, gather_logprobs
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
+from stator.engines.native.spec import SpecDecoder, make_spec_decoder
 from stator.engines.native.tp_runner import make_runner
 from stator.kv.offload import OffloadManager
 from stator.kv.offload.manager import GiB
@@ -95,9 +97,18 @@ class EngineCore:
             max_loras=config.max_loras if config.enable_lora else 0,
         )
         self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
+        self.guidance = Guidance(
+            model_dir,
+            self.spec.vocab_size,
+            self.spec.eos_token_ids,
+            self.runner.device,
+            config.grammar_threads,
+        )
         # A sequence never outgrows the whole cache, so it can always run alone.
         self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)
         self.seqs: dict[str, Sequence] = {}
+        # Speculative decoding (--speculative-config), or None.
+        self.specdec: SpecDecoder | None = make_spec_decoder(self)
         # Disaggregated serving: prompts pinned for decode workers (prefill role), and
         # requests whose prompt KV is being pulled (decode role).
         self.worker_id = worker_id
@@ -106,6 +117,9 @@ class EngineCore:
         self.transfer_info: dict = {}
         mode = config.overlap
         self.overlap = mode == "on" or (mode == "auto" and self.runner.device.type == "cuda")
+        if self.specdec is not None:
+            # Drafting and verifying read each step's tokens on the host before the next.
+            self.overlap = False
         self._pending: PendingStep | None = None  # a launched step not yet read back
         self.adapters: dict[str, LoraAdapter] = {}  # loaded LoRA adapters by name
 
@@ -160,6 +174,7 @@ class EngineCore:
             lora=adapter,
             prompt_embeds=embeds,
         )
+        self.guidance.attach(seq, request.sampling.guided_decoding)
         if sampling.seed is not None:
             seq.generator = torch.Generator(device=self.runner.device)
             seq.generator.manual_seed(sampling.seed)
@@ -328,6 +343,8 @@ class EngineCore:
         """Run one step. With overlap, most outputs are those of the step before (read
         while this one runs on the device); a call with nothing left to schedule returns
         the last pending ones."""
+        if self.specdec is not None:
+            self.specdec.reserve(self.scheduler.running, set(self.seqs))
         batch = self.scheduler.schedule()
         if self.offload is not None:
             self._move_blocks()
@@ -360,6 +377,10 @@ class EngineCore:
     def _run(
         self, batch: ScheduledBatch, pending: PendingStep | None
     ) -> list[tuple[str, EngineOutput]]:
+        specdec = self.specdec
+        if specdec is not None:
+            specdec.propose(batch)
+        spec_rows: dict[int, int] = {}  # id(seq) -> its first logits row (drafts)
         sample_seqs: list[Sequence] = []
         rows: list[int] = []  # flat token index of each logits row
         sample_idx: list[int] = []  # which logits rows are sampled
@@ -372,7 +393,12 @@ class EngineCore:
                 end = min(start + n, seq.num_prompt_tokens - 1)
                 prompt_rows.append(_PromptLogprobRows(seq, len(rows), start + 1, end - start))
                 rows.extend(range(offset, offset + end - start))
-            if start + n == seq.num_tokens:
+            k = specdec.num_drafts(seq) if specdec is not None else 0
+            if k and start + n == seq.num_tokens:
+                # The last real token and each draft: k + 1 rows to verify.
+                spec_rows[id(seq)] = len(rows)
+                rows.extend(range(offset + n - 1 - k, offset + n))
+            elif start + n == seq.num_tokens:
                 sample_seqs.append(seq)
                 sample_idx.append(len(rows))
                 rows.append(offset + n - 1)
@@ -388,22 +414,40 @@ class EngineCore:
         if self.offload is not None:
             self.offload.wait_for(b for seq in batch.seqs for b in seq.block_ids)
         logits = self.runner.execute(inputs)
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
+        # Before any block is committed to the prefix cache: rejected drafts roll back.
+        gained = specdec.verify(logits, spec_rows) if spec_rows else {}
+        if specdec is not None:
+            specdec.observe(batch.seqs, starts, batch.num_new_tokens)
         deferred = self.overlap and bool(sample_seqs) and deferrable(sample_seqs)
+        outputs: list[tuple[str, EngineOutput]] = []
         if deferred:
-            tokens = self.sampler.sample_tokens(self._rows(logits, sample_idx), sample_seqs)
+            if pending is not None and any(s.matcher is not None for s in sample_seqs):
+                # A grammar's next mask needs the previous token: read it now (the device
+                # has this step's forward pass queued, so it is not left idle).
+                outputs, pending = self._resolve(pending), None
+            tokens = self.sampler.sample_tokens(
+                self._rows(logits, sample_idx), sample_seqs, self._constraint(sample_seqs)
+            )
             self._pending = PendingStep.launch(sample_seqs, tokens)
             for seq in sample_seqs:
-                self._add_placeholder(seq)
+                if seq.status is not Status.FINISHED:
+                    self._add_placeholder(seq)
         # The device has this step queued: read the previous step's tokens meanwhile.
-        outputs = self._resolve(pending) if pending is not None else []
+        if pending is not None:
+            outputs = self._resolve(pending)
         for seq in batch.seqs:
             if seq.status is not Status.FINISHED:
                 # After `_resolve`, every token whose KV is cached is a real one.
                 self.blocks.commit(seq)
         for pr in prompt_rows:
             self._add_prompt_logprobs(pr, logits)
+        for seq in batch.seqs:
+            tokens = gained.get(id(seq))
+            if tokens is not None:
+                outputs.append((seq.request_id, self._emit_tokens(seq, len(tokens))))
         if deferred:
             return outputs
         # A sequence `_resolve` just finished ran one step too many: drop its row.
@@ -411,12 +455,24 @@ class EngineCore:
         if not live:
             return outputs
         live_seqs = [sample_seqs[i] for i in live]
-        result = self.sampler.sample(self._rows(logits, [sample_idx[i] for i in live]), live_seqs)
+        result = self.sampler.sample(
+            self._rows(logits, [sample_idx[i] for i in live]),
+            live_seqs,
+            self._constraint(live_seqs),
+        )
         for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
             seq.token_ids.append(token)
             out = self._accept_token(seq, len(seq.token_ids) - 1, logprob)
             outputs.append((seq.request_id, out))
         return outputs
+
+    def _constraint(self, seqs: list[Sequence]):
+        """Structured output's masks for these rows (filled now, on the host, while the
+        device computes the logits), or None when no row is constrained."""
+        masks = self.guidance.masks(seqs)
+        if masks is None:
+            return None
+        return lambda logits, guard: self.guidance.apply(logits, masks, guard)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(logits.shape[0])):
@@ -454,6 +510,24 @@ class EngineCore:
             if pr.first_target + i == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.append(entry)
 
+    def _emit_tokens(self, seq: Sequence, count: int) -> EngineOutput:
+        """The last `count` tokens of `seq` are known: one output for all of them (the
+        stop rules apply token by token; a stop drops the tokens after it)."""
+        first = seq.num_tokens - count
+        merged: EngineOutput | None = None
+        for pos in range(first, first + count):
+            out = self._accept_token(seq, pos, None)
+            if merged is None:
+                merged = out
+            else:
+                merged.token_ids.extend(out.token_ids)
+                merged.finish_reason, merged.stop_token_id = out.finish_reason, out.stop_token_id
+                merged.usage, merged.error = out.usage, out.error
+            if out.finish_reason is not None:
+                break
+        assert merged is not None
+        return merged
+
     def _accept_token(self, seq: Sequence, pos: int, logprob: TokenLogprob | None) -> EngineOutput:
         """The token at `pos` is known: emit it and apply the stop rules as of that token
         (a later position may hold the placeholder of a step already launched)."""
@@ -469,7 +543,10 @@ class EngineCore:
                 out.prompt_logprobs = seq.prompt_logprobs
         seq.num_emitted += 1
         done_min = num_output >= sp.min_tokens
-        if token in sp.hidden_stop_token_ids and done_min:
+        broken = self.guidance.accept(seq, token) if seq.matcher is not None else None
+        if broken is not None:
+            out.finish_reason, out.error = "error", broken
+        elif token in sp.hidden_stop_token_ids and done_min:
             out.token_ids, out.logprobs = [], None
             out.finish_reason, out.stop_token_id = "stop", token
         elif token in sp.stop_token_ids and done_min:

@@ -76,10 +76,6 @@ def resolve_sampling(
 def validate_request(request: EngineRequest, spec: ModelSpec, max_total_tokens: int) -> None:
     """Checks of a token-id prompt; prompt embeddings are checked where they are decoded
     (`EngineCore.add_request`), LoRA adapters where they are looked up."""
-    _check(
-        request.sampling.guided_decoding is None,
-        "the native engine does not support guided decoding",
-    )
     _check(request.sampling.n == 1, "the native engine samples one sequence per request (n=1)")
     if request.prompt_embeds is not None:
         _check(

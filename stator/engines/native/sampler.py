@@ -8,6 +8,7 @@ which other requests share the batch. Logprobs are those of the model's raw dist
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,10 @@ import torch
 from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
 from stator.protocols import TokenLogprob, TopLogprob
+
+#: Turns logits into constrained logits (structured output's bitmask); the bool says
+#: whether a row may already be all -inf.
+Constrain = Callable[[torch.Tensor, bool], torch.Tensor]
 
 
 @dataclass
@@ -30,27 +35,79 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+    def sample(
+        self, logits: torch.Tensor, seqs: list[Sequence], constrain: Constrain | None = None
+    ) -> SampleResult:
         """`logits` [N, V] (one row per sequence of `seqs`, in order)."""
         logits = logits.float()
         raw_logprobs = None
         if any(s.sampling.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = self.sample_tokens(logits, seqs)
+        tokens = self.sample_tokens(logits, seqs, constrain)
         token_list = tokens.tolist()
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, tokens, [s.sampling.logprobs for s in seqs])
         return SampleResult(token_list, logprobs)
 
-    def sample_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """The tokens [N] (int64) as a device tensor: the host does not wait for them."""
+    def sample_tokens(
+        self, logits: torch.Tensor, seqs: list[Sequence], constrain: Constrain | None = None
+    ) -> torch.Tensor:
+        """The tokens [N] (int64) as a device tensor: the host does not wait for them.
+        `constrain(logits, guard)`: structured output's mask, applied after the other
+        processors (`guard`: bias or min_tokens may have emptied a row)."""
+        logits = logits.float()
+        biased = any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs)
+        if biased:
+            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
+        if any(s.sampling.uses_penalties for s in seqs):
+            logits = self._apply_penalties(logits, seqs)
+        if constrain is not None:
+            logits = constrain(logits, biased)
+        return self._pick(logits, seqs)
+
+    def probs(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[N, V]: the distribution `sample_tokens` draws each row from (one-hot at the
+        argmax for greedy rows). Speculative decoding verifies drafts against it."""
         logits = logits.float()
         if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
             logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
         if any(s.sampling.uses_penalties for s in seqs):
             logits = self._apply_penalties(logits, seqs)
-        return self._pick(logits, seqs)
+        one_hot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        if all(s.sampling.greedy for s in seqs):
+            return one_hot
+        dev = self.device
+        temps = to_device([s.sampling.temperature or 1.0 for s in seqs], dev, torch.float32)
+        probs = torch.softmax(_top_k_top_p_min_p(logits / temps[:, None], seqs, dev), dim=-1)
+        is_greedy = to_device([s.sampling.greedy for s in seqs], dev, torch.bool)
+        return torch.where(is_greedy[:, None], one_hot, probs)
+
+    def greedy(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """[N]: each row's argmax after the logit processors (greedy rows' choice)."""
+        logits = logits.float()
+        if any(s.sampling.logit_bias or s.sampling.min_tokens for s in seqs):
+            logits = self._apply_bias_and_min_tokens(logits.clone(), seqs)
+        if any(s.sampling.uses_penalties for s in seqs):
+            logits = self._apply_penalties(logits, seqs)
+        return logits.argmax(dim=-1)
+
+    def draw(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """One token per row of `probs` [N, V] (an exponential race; seeded sequences use
+        their own generator)."""
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                noise[i].exponential_(generator=seq.generator)
+        return (probs / noise).argmax(dim=-1)
+
+    def uniform(self, seqs: list[Sequence]) -> torch.Tensor:
+        """One U[0, 1) draw per entry of `seqs` (seeded sequences: their own generator)."""
+        u = torch.rand(len(seqs), generator=self.generator, device=self.device)
+        for i, seq in enumerate(seqs):
+            if seq.generator is not None:
+                u[i] = torch.rand(1, generator=seq.generator, device=self.device)[0]
+        return u
 
     # -- logit processors ----------------------------------------------------------------
 

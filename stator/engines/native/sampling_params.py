@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stator.protocols import SamplingOptions, StopConditions
+from stator.protocols import GuidedDecoding, SamplingOptions, StopConditions
 
 
 @dataclass
@@ -28,6 +28,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Structured output (vLLM's `structured_outputs`): JSON schema, regex, choice, grammar.
+    guided_decoding: GuidedDecoding | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -49,6 +51,7 @@ class SamplingParams:
             logit_bias=self.logit_bias,
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            guided_decoding=self.guided_decoding,
         )
         stop = StopConditions(
             max_tokens=self.max_tokens,

@@ -132,6 +132,7 @@ class VllmEngine(Engine):
                 cfg.model_config.get_hidden_size() if cfg.model_config.enable_prompt_embeds else 0
             ),
             engine="vllm",
+            structured_output=True,  # vLLM's own structured-output backends
             kv_state_available=False,  # see kv_state
             extra={"vllm_version": _vllm_version()},
         )

@@ -103,6 +103,10 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, spec.tp)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # EAGLE-3 heads read the residual stream entering these layers (spec/eagle.py);
+        # the forward pass then leaves them in `aux_hidden`, [T, len(aux_layers) * H].
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -110,8 +114,13 @@ class DecoderModel(nn.Module):
         if embeds is not None:  # prompt embeddings given in place of some tokens' lookups
             x = x.index_copy(0, embeds[0], embeds[1])
         residual = None
-        for layer in self.layers:
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layers:
+                aux.append(x if residual is None else x + residual)
             x, residual = layer(positions, x, residual)
+        if self.aux_layers:
+            self.aux_hidden = torch.cat(aux, dim=-1)
         return self.norm(x, residual)
 
 
