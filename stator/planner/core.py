@@ -6,10 +6,13 @@ One `RolePlanner` per (pool, role); `Planner` routes each observation to its own
 - `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
   size the role with `sizing` so the profile meets the targets (× `sla_headroom`). Two
   correction factors, observed p90 / modelled at the current load for TTFT and for ITL,
-  smoothed and clamped to 0.5–4, scale the profile's prefill and decode times (a fleet
-  behind a frontend is slower than one worker profiled alone; a p90 over a spread of
-  prompt lengths is longer than the TTFT at the mean length). They are kept apart: the
-  TTFT's spread says nothing about decode steps.
+  smoothed and clamped to 0.5–4, divide the targets the model must meet (a fleet behind a
+  frontend is slower than one worker profiled alone; a p90 over a spread of prompt
+  lengths is longer than the TTFT at the mean length). They scale the modelled latency,
+  not the engine's service time: scaling the service time would also scale the modelled
+  utilization, and a p90 that is long because some prompts are long does not make the
+  queue any busier. TTFT and ITL are kept apart: the TTFT's spread says nothing about
+  decode steps.
 - `load`: one worker more when any worker's KV usage or queue is over its threshold, one
   fewer when all are under the low thresholds.
 
@@ -153,14 +156,14 @@ class RolePlanner:
         }
         if rate <= 0 or not self.isls:
             return c.min_workers, "no load", extra
-        ttft, itl = c.ttft_target * c.sla_headroom, c.itl_target * c.sla_headroom
-        slow_p, slow_d = self.correction, self.itl_correction
+        ttft = c.ttft_target * c.sla_headroom / self.correction
+        itl = c.itl_target * c.sla_headroom / self.itl_correction
         if self.role == "prefill":
-            size = sizing.prefill(self.profile, rate, isl, ttft, slow_p)
+            size = sizing.prefill(self.profile, rate, isl, ttft)
         elif self.role == "decode":
-            size = sizing.decode(self.profile, rate, isl, osl, itl, slow_d)
+            size = sizing.decode(self.profile, rate, isl, osl, itl)
         else:
-            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl, slow_p, slow_d)
+            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl)
         reason = f"{rate:.2f} req/s at {size.per_worker_rps:.2f} per worker"
         return size.workers, reason + (f" ({size.note})" if size.note else ""), extra
 
@@ -173,9 +176,7 @@ class RolePlanner:
         rate = obs.requests / interval / workers
         ttft_ratio = itl_ratio = None
         if self.role == "aggregated":
-            state = sizing.aggregated_state(
-                self.profile, rate, obs.isl, obs.osl, self.correction, self.itl_correction
-            )
+            state = sizing.aggregated_state(self.profile, rate, obs.isl, obs.osl)
             if state is None:
                 return
             if obs.ttft_p90_ms is not None:
@@ -183,12 +184,13 @@ class RolePlanner:
             if obs.itl_p90_ms is not None:
                 itl_ratio = obs.itl_p90_ms / 1000 / state.itl_p90_s
         elif self.role == "prefill" and obs.ttft_p90_ms is not None:
-            ttft_ratio = obs.ttft_p90_ms / (self.profile.ttft_ms(obs.isl) * self.correction)
+            p = self.profile.ttft_ms(obs.isl) / 1000
+            rho = min(0.95, rate * p)
+            ttft_ratio = obs.ttft_p90_ms / 1000 / (p + rho * p / (2 * (1 - rho)))
         elif self.role == "decode" and obs.itl_p90_ms is not None:
             context = obs.isl + obs.osl / 2
             batch = max(1.0, rate * obs.osl * obs.itl_p90_ms / 1000)
-            modelled = self.profile.itl_ms(batch, context) * self.itl_correction
-            itl_ratio = obs.itl_p90_ms / modelled
+            itl_ratio = obs.itl_p90_ms / self.profile.itl_ms(batch, context)
         if ttft_ratio is not None:
             self.correction = _smoothed(self.correction, ttft_ratio)
         if itl_ratio is not None:
@@ -235,8 +237,8 @@ class RolePlanner:
 
 
 def _smoothed(factor: float, ratio: float) -> float:
-    """Move a correction factor 30% of the way to factor × ratio, within 0.5–4."""
-    target = min(4.0, max(0.5, factor * ratio))
+    """Move a correction factor 30% of the way to `ratio`, within 0.5–4."""
+    target = min(4.0, max(0.5, ratio))
     return 0.7 * factor + 0.3 * target
 
 
