@@ -146,7 +146,9 @@ async def one(http: aiohttp.ClientSession, url: str, arrival: Arrival, t0: float
 
 
 async def replay(url: str, plan: list[Arrival]) -> tuple[list[Record], float]:
-    connector = aiohttp.TCPConnector(limit=0)
+    # A fresh connection per request: a pooled one the server closed while idle
+    # (keep-alive timeout) fails the next request sent on it, which is no server failure.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         t0 = time.perf_counter()
@@ -394,7 +396,7 @@ def plot(result: dict, args, path: str) -> None:
     ax2.set_ylabel("workers")
     bad = [w["t"] for w in windows if w["requests"] and not w["ok"]]
     ax2.plot(bad, [0.2] * len(bad), "rx", label="interval over target")
-    ax.set_title(f"planner {result['run']}: workers vs load (Mooncake, rate x2 at half time)")
+    ax.set_title(f"{result['run']}: workers vs load (Mooncake, rate x2 at half time)")
     fig.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

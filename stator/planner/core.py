@@ -4,12 +4,15 @@ the observation's, so a recorded log of observations replays to the same decisio
 One `RolePlanner` per (pool, role); `Planner` routes each observation to its own. Policies:
 
 - `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
-  size the role with `sizing` so the profile meets the targets (× `sla_headroom`). Two
-  correction factors, observed p90 / modelled at the current load for TTFT and for ITL,
-  smoothed and clamped to 0.5–4, scale the profile's prefill and decode times (a fleet
-  behind a frontend is slower than one worker profiled alone; a p90 over a spread of
-  prompt lengths is longer than the TTFT at the mean length). They are kept apart: the
-  TTFT's spread says nothing about decode steps.
+  size the role with `sizing` so the profile meets the targets (× `sla_headroom`). What
+  the model misses is learned from each interval, at the load it had: for TTFT a factor,
+  observed p90 / modelled (smoothed, 0.5–4), that divides the target (a p90 over a spread
+  of prompt lengths is a multiple of the TTFT at the mean length); for ITL an overhead,
+  observed p90 − modelled (smoothed, at most half the target), taken off the target (the
+  frontend and the stream add about the same few ms to every gap, whatever the batch). They
+  correct the modelled latency, not the engine's service time: scaling the service time
+  would also scale the modelled utilization, and a p90 that is long because some prompts
+  are long does not make the queue any busier.
 - `load`: one worker more when any worker's KV usage or queue is over its threshold, one
   fewer when all are under the low thresholds.
 
@@ -69,8 +72,8 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     predicted_rps: float | None = None
     predicted_isl: float | None = None
     predicted_osl: float | None = None
-    correction: float | None = None  # TTFT (prefill) correction
-    itl_correction: float | None = None
+    correction: float | None = None  # TTFT: observed / modelled
+    itl_overhead_ms: float | None = None  # ITL: observed − modelled
 
     @property
     def changed(self) -> bool:
@@ -108,8 +111,8 @@ class RolePlanner:
     rates: list[float] = field(default_factory=list)
     isls: list[float] = field(default_factory=list)
     osls: list[float] = field(default_factory=list)
-    correction: float = 1.0  # prefill times (TTFT)
-    itl_correction: float = 1.0  # decode steps (ITL)
+    correction: float = 1.0  # TTFT: observed / modelled
+    itl_overhead_ms: float = 0.0  # ITL: observed − modelled
     last_change: float = -math.inf
 
     def tick(self, now: float, interval: float, obs: RoleObservation) -> Decision:
@@ -149,18 +152,18 @@ class RolePlanner:
             "predicted_isl": round(isl, 1),
             "predicted_osl": round(osl, 1),
             "correction": round(self.correction, 3),
-            "itl_correction": round(self.itl_correction, 3),
+            "itl_overhead_ms": round(self.itl_overhead_ms, 3),
         }
         if rate <= 0 or not self.isls:
             return c.min_workers, "no load", extra
-        ttft, itl = c.ttft_target * c.sla_headroom, c.itl_target * c.sla_headroom
-        slow_p, slow_d = self.correction, self.itl_correction
+        ttft = c.ttft_target * c.sla_headroom / self.correction
+        itl = c.itl_target * c.sla_headroom - self.itl_overhead_ms
         if self.role == "prefill":
-            size = sizing.prefill(self.profile, rate, isl, ttft, slow_p)
+            size = sizing.prefill(self.profile, rate, isl, ttft)
         elif self.role == "decode":
-            size = sizing.decode(self.profile, rate, isl, osl, itl, slow_d)
+            size = sizing.decode(self.profile, rate, isl, osl, itl)
         else:
-            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl, slow_p, slow_d)
+            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl)
         reason = f"{rate:.2f} req/s at {size.per_worker_rps:.2f} per worker"
         return size.workers, reason + (f" ({size.note})" if size.note else ""), extra
 
@@ -171,28 +174,28 @@ class RolePlanner:
         if obs.requests < 5 or not workers or self.profile is None:
             return
         rate = obs.requests / interval / workers
-        ttft_ratio = itl_ratio = None
+        ttft_ratio = itl_extra = None
         if self.role == "aggregated":
-            state = sizing.aggregated_state(
-                self.profile, rate, obs.isl, obs.osl, self.correction, self.itl_correction
-            )
+            state = sizing.aggregated_state(self.profile, rate, obs.isl, obs.osl)
             if state is None:
                 return
             if obs.ttft_p90_ms is not None:
                 ttft_ratio = obs.ttft_p90_ms / 1000 / state.ttft_s
             if obs.itl_p90_ms is not None:
-                itl_ratio = obs.itl_p90_ms / 1000 / state.itl_p90_s
+                itl_extra = obs.itl_p90_ms - state.itl_p90_s * 1000
         elif self.role == "prefill" and obs.ttft_p90_ms is not None:
-            ttft_ratio = obs.ttft_p90_ms / (self.profile.ttft_ms(obs.isl) * self.correction)
+            p = self.profile.ttft_ms(obs.isl) / 1000
+            rho = min(0.95, rate * p)
+            ttft_ratio = obs.ttft_p90_ms / 1000 / (p + rho * p / (2 * (1 - rho)))
         elif self.role == "decode" and obs.itl_p90_ms is not None:
             context = obs.isl + obs.osl / 2
             batch = max(1.0, rate * obs.osl * obs.itl_p90_ms / 1000)
-            modelled = self.profile.itl_ms(batch, context) * self.itl_correction
-            itl_ratio = obs.itl_p90_ms / modelled
+            itl_extra = obs.itl_p90_ms - self.profile.itl_ms(batch, context)
         if ttft_ratio is not None:
             self.correction = _smoothed(self.correction, ttft_ratio)
-        if itl_ratio is not None:
-            self.itl_correction = _smoothed(self.itl_correction, itl_ratio)
+        if itl_extra is not None:
+            extra = min(max(itl_extra, 0.0), self.config.itl_target / 2)
+            self.itl_overhead_ms = 0.7 * self.itl_overhead_ms + 0.3 * extra
 
     def _load(self, obs: RoleObservation) -> tuple[int, str, dict]:
         c = self.config
@@ -235,8 +238,8 @@ class RolePlanner:
 
 
 def _smoothed(factor: float, ratio: float) -> float:
-    """Move a correction factor 30% of the way to factor × ratio, within 0.5–4."""
-    target = min(4.0, max(0.5, factor * ratio))
+    """Move a correction factor 30% of the way to `ratio`, within 0.5–4."""
+    target = min(4.0, max(0.5, ratio))
     return 0.7 * factor + 0.3 * target
 
 

@@ -3,11 +3,13 @@ process and measure what the planner needs (`PerfProfile`).
 
 - Prefill: for each prompt length, `repeats` lone requests of fresh random tokens (no
   prefix cache hit) with max_tokens 1; the median time to the first output is the TTFT.
-- Decode: for each (batch, context), `batch` requests of `context`-token prompts at once,
-  each generating `decode_steps` tokens; the step time is the median gap between outputs
-  while every request of the batch is decoding (after the last first token, before the
-  first last token). A batch that does not fit in the KV cache or in max_num_seqs is
-  marked infeasible.
+- Decode: for each (batch, context), `batch` requests of `context`-token prompts at once;
+  the step time is the median time per token while every request of the batch is
+  decoding (after the last first token, before the first last token). Each request
+  generates `decode_steps` tokens plus enough to outlast the prefill of the rest of the
+  batch (about batch × TTFT / the lone step time): without them, a big batch of long
+  prompts has no moment where all of it decodes, and its gaps would be prefill steps. A
+  batch that does not fit in the KV cache or in max_num_seqs is marked infeasible.
 
 The engine is driven directly (no HTTP, no router), so the numbers are the engine's own;
 the frontend's few ms per request are left to the planner's margin.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import statistics
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from stator.config import option
 from stator.engines.base import Engine
-from stator.planner.profile import PerfProfile
+from stator.planner.profile import PerfProfile, interp
 from stator.protocols import EngineRequest, SamplingOptions, StopConditions
 
 log = logging.getLogger(__name__)
@@ -106,14 +109,23 @@ class Profiler:
             samples.append(times[0][0] * 1000)
         return statistics.median(samples)
 
-    def fits(self, batch: int, context: int) -> bool:
+    def fits(self, batch: int, context: int, steps: int) -> bool:
         card = self.card
         kv_tokens = card.total_kv_blocks * card.kv_block_size
-        need = batch * (context + self.config.decode_steps + card.kv_block_size)
+        need = batch * (context + steps + card.kv_block_size)
         return batch <= card.max_num_seqs and (not kv_tokens or need <= kv_tokens)
 
-    async def decode_ms(self, batch: int, context: int) -> float:
+    def steps_for(self, batch: int, ttft_ms: float, itl_ms: float | None) -> int:
+        """Tokens each request must generate so that the batch decodes together for
+        `decode_steps` steps: the first requests keep decoding while the batch's later
+        prompts are prefilled (about batch × TTFT), which they must outlast."""
         steps = self.config.decode_steps
+        if itl_ms:
+            steps += math.ceil(batch * ttft_ms / itl_ms * 1.2)
+        return steps
+
+    async def decode_ms(self, batch: int, context: int, steps: int | None = None) -> float:
+        steps = steps or self.config.decode_steps
         requests = [self._request(context, steps) for _ in range(batch)]
         start = time.perf_counter()
         runs = await asyncio.gather(*(self._times(r, start) for r in requests))
@@ -141,23 +153,27 @@ class Profiler:
             ms = await self.prefill_ms(isl)
             log.info("prefill %6d tokens: TTFT %.2f ms", isl, ms)
             prefill.append(ms)
-        table: list[list[float]] = []
-        feasible: list[list[bool]] = []
-        for b, batch in enumerate(config.batch_sizes):
-            row, ok = [], []
-            for c, context in enumerate(config.contexts):
-                if self.fits(batch, context):
-                    ms = await self.decode_ms(batch, context)
+        lone: dict[int, float] = {}  # context -> the batch-1 step time
+        by_context: list[list[tuple[float, bool]]] = []
+        for context in config.contexts:
+            ttft = interp(context, [float(v) for v in config.isl], prefill)
+            column = []
+            for batch in config.batch_sizes:
+                steps = self.steps_for(batch, ttft, lone.get(context))
+                if self.fits(batch, context, steps):
+                    ms = await self.decode_ms(batch, context, steps)
+                    lone.setdefault(context, ms)
                     log.info("decode batch %4d context %6d: ITL %.2f ms", batch, context, ms)
-                    row.append(ms)
-                    ok.append(True)
+                    column.append((ms, True))
                 else:
                     # Not measurable here: keep the table complete for the mocker with
-                    # the nearest smaller batch's time (or, for the first row, inf-free 0).
-                    row.append(table[b - 1][c] if b else 0.0)
-                    ok.append(False)
-            table.append(row)
-            feasible.append(ok)
+                    # the nearest smaller batch's time (0 if none).
+                    column.append((column[-1][0] if column else 0.0, False))
+            by_context.append(column)
+        table = [[by_context[c][b][0] for c in range(len(config.contexts))]
+                 for b in range(len(config.batch_sizes))]  # fmt: skip
+        feasible = [[by_context[c][b][1] for c in range(len(config.contexts))]
+                    for b in range(len(config.batch_sizes))]  # fmt: skip
         card = self.card
         return PerfProfile(
             prefill_tokens=[float(v) for v in config.isl],

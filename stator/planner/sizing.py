@@ -7,11 +7,11 @@ queueing term, and a model of aggregated workers Dynamo does not have in this fo
   TTFT target T holds while ρ ≤ 2k / (1 + 2k) with k = T/P − 1. Workers = ⌈rate·P / ρ⌉.
 - Decode worker: the largest batch B whose step time at context ISL + OSL/2 meets the ITL
   target (binary search); a worker then serves B / (OSL · itl(B)) requests per second.
-- Aggregated worker: prefill steals ρ = rate·P of each second from decoding, so decode
-  steps come 1/(1 − ρ) apart in the mean; the batch B is set by Little's law
-  (B = rate · OSL · step time). A step that carries a prefill chunk is slow: when that step
-  alone would miss the ITL target, such steps must stay under 8% of all steps so that the
-  p90 gap is a decode step. TTFT is P plus the M/D/1 wait plus one step. The rate a worker
+- Aggregated worker: prefill steals ρ = rate·P of each second from decoding, so output
+  tokens come itl(B)/(1 − ρ) apart in the mean; the batch B is set by Little's law
+  (B = rate · OSL · mean gap). A step that carries a prefill chunk is slow: such steps
+  must stay under 8% of all steps, and then the p90 gap is a plain decode step, itl(B).
+  TTFT is P plus the M/D/1 wait plus one step. The rate a worker
   sustains is the largest that meets every constraint (bisection).
 
 `slow` scales the profile's latencies (the planner's correction factors): prefill times by
@@ -108,9 +108,13 @@ def aggregated_state(
         return None
     chunk = min(isl, profile.max_num_batched_tokens or isl)
     chunks = math.ceil(isl / chunk) if chunk else 1
-    prefill_step = profile.ttft_ms(chunk) * slow_prefill / 1000 + step * (1 - rho)
+    decode_step = step * (1 - rho)  # a step with no prefill in it
+    prefill_step = profile.ttft_ms(chunk) * slow_prefill / 1000 + decode_step
     share = rate * chunks * step  # steps carrying prefill / all steps
-    itl_p90 = prefill_step if share > _PREFILL_STEP_SHARE else step
+    # The mean gap includes the prefill steps; the p90 is a plain decode step as long as
+    # prefill steps are rarer than 1 in 10 (measured: 5 mocker workers at 0.8 req/s each
+    # of Mooncake prompts, p90 ITL 47 ms against a 43 ms decode step, 68 ms mean gap).
+    itl_p90 = prefill_step if share > _PREFILL_STEP_SHARE else decode_step
     ttft = p + rho * p / (2 * (1 - rho)) + step
     return AggregatedState(rho, batch, step, itl_p90, ttft)
 

@@ -26,6 +26,18 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM it (a drain) when the connector's process dies (Linux), so a
+    crashed planner leaves no workers behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 @dataclass
 class WorkerProcess:
     pool: str
@@ -88,7 +100,9 @@ class LocalConnector:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             n = sum(1 for w in self.workers if w.pool == pool and w.role == role)
             out = (self.log_dir / f"{pool}-{role}-{n}.log").open("wb")
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            args, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         if out is not subprocess.DEVNULL:
             out.close()  # the child holds its own copy
         worker = WorkerProcess(pool, role, proc, gpus, time.monotonic())
