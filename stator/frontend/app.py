@@ -127,6 +127,7 @@ def create_app(
         allowed_origins=config.allowed_origins,
         rate_limit_rps=config.rate_limit_rps,
         rate_limit_burst=config.rate_limit_burst,
+        rate_limit_tpm=config.rate_limit_tpm,
         max_body_bytes=config.max_body_bytes,
         generation_body_bytes=prompt_embeds_body_bytes,
     )

@@ -46,6 +46,11 @@ class FrontendConfig:
     rate_limit_burst: int = option(
         0, "Requests one key may send at once above --rate-limit-rps (0 = one second's)"
     )
+    rate_limit_tpm: float = option(
+        0.0,
+        "Tokens (prompt + completion) per minute one API key (or client address) may use; "
+        "0 = no limit",
+    )
     max_body_bytes: int = option(
         8 << 20,
         "Largest request body in bytes (413 past it); the generation routes also take the "

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from stator.frontend.security import TOKEN_CHARGE
+
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -201,3 +203,6 @@ class GenerationTracker:
             m.cached_tokens.inc(cached_tokens)
         if disconnected:
             m.disconnects.inc()
+        charge = TOKEN_CHARGE.get()
+        if charge is not None:  # --rate-limit-tpm: the tokens count against the key
+            charge(self.prompt_tokens + completion_tokens)

@@ -10,7 +10,9 @@ carry a request id and are counted). What it answers, each as an OpenAI error ob
   busy thresholds to 0 with one cross-site POST. 415 for an admin POST whose body is not
   declared JSON (what a cross-site "simple" request would send).
 - 429 with `Retry-After` past `--rate-limit-rps` requests per second for one key (or one
-  client address without keys).
+  client address without keys), or while the key is past `--rate-limit-tpm` tokens (prompt
+  and completion) per minute: a request's tokens are charged when it finishes, and the
+  key's next request waits until its budget is back above zero.
 - 413 for a body over `--max-body-bytes` (or what the largest `prompt_embeds` of a served
   model needs, for the generation routes): refused from `Content-Length` before reading,
   or as soon as a chunked body passes the limit.
@@ -18,6 +20,7 @@ carry a request id and are counted). What it answers, each as an OpenAI error ob
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import hmac
 import math
@@ -64,6 +67,42 @@ class BodyTooLarge(ApiError):
             f"The request body is larger than this server accepts ({limit} bytes).",
             code="request_too_large",
         )
+
+
+# Set for each request under --rate-limit-tpm: charge(tokens) debits its key's budget
+# (`GenerationTracker.finish` calls it).
+TOKEN_CHARGE: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar(
+    "stator_token_charge", default=None
+)
+
+
+class TokenBudget:
+    """Per-identity token budgets refilled at `per_minute / 60` a second, up to one
+    minute's worth; spending may take a budget below zero (a request's tokens are known
+    only at its end). Pure: the clock is passed in."""
+
+    def __init__(self, per_minute: float) -> None:
+        self.rate = per_minute / 60.0
+        self.cap = per_minute
+        self._budgets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
+
+    def _refilled(self, identity: bytes, now: float) -> float:
+        left, last = self._budgets.pop(identity, (self.cap, now))
+        return min(self.cap, left + (now - last) * self.rate)
+
+    def wait(self, identity: bytes, now: float) -> float:
+        """0 when the key may send a request now, else the seconds until it may."""
+        left = self._refilled(identity, now)
+        self._keep(identity, left, now)
+        return 0.0 if left > 0 else (1.0 - left) / self.rate
+
+    def spend(self, identity: bytes, now: float, tokens: int) -> None:
+        self._keep(identity, self._refilled(identity, now) - tokens, now)
+
+    def _keep(self, identity: bytes, left: float, now: float) -> None:
+        self._budgets[identity] = (left, now)
+        if len(self._budgets) > _MAX_BUCKETS:
+            self._budgets.popitem(last=False)
 
 
 class TokenBuckets:
@@ -116,6 +155,7 @@ class HttpGuard:
         allowed_origins: Iterable[str] = (),
         rate_limit_rps: float = 0.0,
         rate_limit_burst: int = 0,
+        rate_limit_tpm: float = 0.0,
         max_body_bytes: int = 0,
         generation_body_bytes: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -131,6 +171,7 @@ class HttpGuard:
             if rate_limit_rps > 0
             else None
         )
+        self.tokens = TokenBudget(rate_limit_tpm) if rate_limit_tpm > 0 else None
         self.max_body_bytes = max_body_bytes
         self.generation_body_bytes = generation_body_bytes
         self.clock = clock
@@ -150,13 +191,35 @@ class HttpGuard:
                         "rate_limit_exceeded",
                         {"Retry-After": str(max(1, math.ceil(wait)))},
                     )
+            charge = None
+            if self.tokens is not None and scope["path"].startswith("/v1/"):
+                wait = self.tokens.wait(identity, self.clock())
+                if wait > 0:
+                    raise _error(
+                        429,
+                        "Rate limit reached for tokens per minute; retry later.",
+                        "rate_limit_exceeded",
+                        {"Retry-After": str(max(1, math.ceil(wait)))},
+                    )
+                budget, clock = self.tokens, self.clock
+
+                def charge(tokens: int, identity: bytes = identity) -> None:
+                    budget.spend(identity, clock(), tokens)
+
             limit = self._body_limit(scope["path"])
             if limit:
                 receive = self._limited(scope, receive, limit)
         except ApiError as exc:
             await exc.response()(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if charge is None:
+            await self.app(scope, receive, send)
+            return
+        token = TOKEN_CHARGE.set(charge)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            TOKEN_CHARGE.reset(token)
 
     def _check(self, scope: Scope) -> bytes:
         """Raise the refusal of this request, or return its rate-limit identity."""
@@ -239,4 +302,11 @@ class HttpGuard:
         return limited
 
 
-__all__ = ["BodyTooLarge", "HttpGuard", "TokenBuckets", "load_api_keys"]
+__all__ = [
+    "TOKEN_CHARGE",
+    "BodyTooLarge",
+    "HttpGuard",
+    "TokenBuckets",
+    "TokenBudget",
+    "load_api_keys",
+]

@@ -41,8 +41,9 @@ def engine_handler(engine: Engine):
 
 
 class Stack:
-    def __init__(self, model_dir: Path, store: str = STORE) -> None:
+    def __init__(self, model_dir: Path, store: str = STORE, **frontend: Any) -> None:
         self.model_dir = model_dir
+        self.frontend_fields = frontend  # FrontendConfig fields (e.g. rate limits)
         self.store_name = store
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -74,7 +75,8 @@ class Stack:
     async def _start(self) -> None:
         self.frontend_runtime = await self.new_runtime()
         self._frontend_cm = running_frontend(
-            self.frontend_runtime, FrontendConfig(http_host="127.0.0.1", http_port=0)
+            self.frontend_runtime,
+            FrontendConfig(http_host="127.0.0.1", http_port=0, **self.frontend_fields),
         )
         self.frontend = await self._frontend_cm.__aenter__()
 

@@ -169,3 +169,34 @@ async def test_https_with_client_certificates(tmp_path):
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{front.port}") as http:
             with pytest.raises(httpx.TransportError):
                 await http.get("/live")
+
+
+def test_token_budgets_go_into_debt_and_refill():
+    from stator.frontend.security import TokenBudget
+
+    budget = TokenBudget(per_minute=600)  # 10 tokens a second, up to 600
+    assert budget.wait(b"k", 0.0) == 0.0
+    budget.spend(b"k", 0.0, 700)  # one long request: 100 in debt
+    assert budget.wait(b"k", 0.0) == pytest.approx(10.1)
+    assert budget.wait(b"k", 11.0) == 0.0
+    assert budget.wait(b"other", 0.0) == 0.0
+
+
+def test_tokens_per_minute_limit_a_key(tiny_model_dir):
+    from tests.fakes import ScriptedEngine
+    from tests.frontend.harness import Stack
+
+    stack = Stack(tiny_model_dir, "tpm-tests", api_key=["a", "b"], rate_limit_tpm=60).start()
+    try:
+        stack.add_worker(ScriptedEngine("m"), "stator.tpm.generate", wait_model="m")
+        body = {"model": "m", "prompt": "hello " * 20, "max_tokens": 30}
+        with httpx.Client(base_url=stack.base_url, timeout=30) as http:
+            a = {"authorization": "Bearer a"}
+            first = http.post("/v1/completions", json=body, headers=a)
+            assert first.status_code == 200  # the budget starts full; this spends > 60
+            again = http.post("/v1/completions", json=body, headers=a)
+            assert again.status_code == 429 and int(again.headers["retry-after"]) >= 1
+            b = http.post("/v1/completions", json=body, headers={"authorization": "Bearer b"})
+            assert b.status_code == 200
+    finally:
+        stack.stop()
