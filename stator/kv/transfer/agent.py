@@ -62,7 +62,8 @@ class PullResult:
     kind: str
     bytes: int
     blocks: int
-    seconds: float
+    seconds: float  # the whole pull: checks, round trips, copies
+    copy_seconds: float = 0.0  # the bytes moving (device copies, socket reads)
 
 
 def host_id() -> str:
@@ -99,6 +100,7 @@ class KvTransferAgent:
         self._ipc_handle: bytes | None = None
         self._opened: dict[str, torch.Tensor] = {}  # remote agent id -> its pool
         self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
+        self._copy_seconds = 0.0
         _agents[self.id] = self
 
     # -- prefill side --------------------------------------------------------------
@@ -208,6 +210,7 @@ class KvTransferAgent:
             )
         kind = self.choose(transfer)
         started = time.perf_counter()
+        self._copy_seconds = 0.0
         try:
             if kind == "local":
                 moved = await self._pull_local(transfer, pin, remote, local)
@@ -234,7 +237,8 @@ class KvTransferAgent:
             raise
         except (OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             raise TransferError(f"{kind} pull failed: {type(exc).__name__}: {exc}") from exc
-        return PullResult(kind, moved, len(remote), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return PullResult(kind, moved, len(remote), seconds, self._copy_seconds or seconds)
 
     async def _pull_local(self, transfer, pin, remote, local) -> int:
         source = _agents.get(transfer.get("agent", ""))
@@ -254,11 +258,14 @@ class KvTransferAgent:
         return await asyncio.to_thread(self._copy_from, src, remote, local)
 
     def _copy_from(self, src: torch.Tensor, remote: list[int], local: list[int]) -> int:
+        started = time.perf_counter()
         if self._stream is None:
-            return copy_blocks(src, self.pool, remote, local)
-        with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
             moved = copy_blocks(src, self.pool, remote, local)
-        self._stream.synchronize()
+        else:
+            with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
+                moved = copy_blocks(src, self.pool, remote, local)
+            self._stream.synchronize()
+        self._copy_seconds += time.perf_counter() - started
         return moved
 
     async def _pull_tcp(self, transfer, pin, remote, local) -> int:
