@@ -319,6 +319,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--kv-cache-memory", default="12GiB")
     ap.add_argument("--smoke", action="store_true", help="CPU check of the harness: tiny model")
+    ap.add_argument("--skip-http", action="store_true", help="transfers only: no aggregated fleet")
     args = ap.parse_args()
     res: dict = {}
     workdir = Path(tempfile.mkdtemp(prefix="disagg-gpu-"))
@@ -352,22 +353,24 @@ def main() -> None:
         # its cuda:0, and the peer's pool opens (CUDA IPC) on that same device index.
         dis.worker("prefill", "0,1", "--role", "prefill")
         dis.worker("decode", "1,0", "--role", "decode")
-        agg.frontend()
-        agg.worker("agg0", "0,1")
-        agg.worker("agg1", "1,0")
+        if not args.skip_http:
+            agg.frontend()
+            agg.worker("agg0", "0,1")
+            agg.worker("agg1", "1,0")
         dis.wait_ready(1, 1)
-        agg.wait_ready(2, 0)
+        if not args.skip_http:
+            agg.wait_ready(2, 0)
         log("fleets ready")
         rng = random.Random(1)
         res["engine_transfer"] = engine_transfers(dis, rng, args.reps)
         probe = tokens(rng, SIZES[1])
-        res["same_output"] = (
+        res["same_output"] = args.skip_http or (
             complete(dis.url, probe, 16)["choices"][0]["text"]
             == complete(agg.url, probe, 16)["choices"][0]["text"]
         )
         args.out.write_text(json.dumps(res, indent=1))
         res["http"] = {}
-        for name, fleet in (("1P+1D", dis), ("aggregated x2", agg)):
+        for name, fleet in (("1P+1D", dis), ("aggregated x2", agg))[: 0 if args.skip_http else 2]:
             res["http"][name] = asyncio.run(mixed_workload(fleet.url, args, seed=7))
             log(name, json.dumps(res["http"][name]))
             args.out.write_text(json.dumps(res, indent=1))

@@ -250,12 +250,22 @@ class KvTransferAgent:
         return await asyncio.to_thread(self._copy_from, source.pool, remote, local)
 
     async def _pull_ipc(self, transfer, pin, remote, local) -> int:
-        await self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
         agent = transfer["agent"]
         src = self._opened.get(agent)
         if src is None:
             src = self._opened[agent] = ipc.open_pool(transfer["ipc"], self.pool.device)
-        return await asyncio.to_thread(self._copy_from, src, remote, local)
+        # The pin check's round trip overlaps the copy. It runs while the copy does, so a
+        # "pinned" answer means the blocks were pinned while they were read: a pin lasts
+        # until this side releases it (or a timeout of tens of seconds), never a gap.
+        check = asyncio.ensure_future(
+            self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
+        )
+        try:
+            moved = await asyncio.to_thread(self._copy_from, src, remote, local)
+        finally:
+            await asyncio.wait({check})
+        check.result()  # raises TransferError when they were not pinned: data discarded
+        return moved
 
     def _copy_from(self, src: torch.Tensor, remote: list[int], local: list[int]) -> int:
         started = time.perf_counter()

@@ -19,6 +19,7 @@ from stator.kv.block_copy import block_bytes, gather, scatter
 
 # Above this many separate runs, gather/scatter (2 kernels a chunk) beats run copies.
 MAX_RUN_COPIES = 8
+MIN_AVERAGE_RUN = 4
 # Bytes staged at once when gathering (bounds the staging memory).
 CHUNK_BYTES = 256 << 20
 
@@ -48,7 +49,9 @@ def copy_blocks(
     if src_pool.shape[:2] != dst_pool.shape[:2] or src_pool.shape[3:] != dst_pool.shape[3:]:
         raise ValueError(f"pool layouts differ: {tuple(src_pool.shape)} vs {tuple(dst_pool.shape)}")
     runs = paired_runs(remote, local)
-    if len(runs) <= MAX_RUN_COPIES:
+    # One copy per run when runs are few or long (a run of 4 blocks is 8 MiB on an 8B
+    # model: the copy engine's per-copy cost is small against it).
+    if len(runs) <= MAX_RUN_COPIES or len(remote) >= MIN_AVERAGE_RUN * len(runs):
         for r, lo, n in runs:
             dst_pool[:, :, lo : lo + n].copy_(src_pool[:, :, r : r + n], non_blocking=True)
     else:
