@@ -95,7 +95,11 @@ def block_copy_bandwidth() -> dict:
             with torch.cuda.device(1):
                 nbytes = copy_blocks(src, dst, remote, local)
                 seconds = timed(lambda r=remote, lo=local: copy_blocks(src, dst, r, lo))
-            ok = torch.equal(dst[:, :, local[:4]].cpu(), src[:, :, remote[:4]].cpu())
+            dst.zero_()
+            with torch.cuda.device(1):
+                copy_blocks(src, dst, remote, local)
+            torch.cuda.synchronize(1)
+            ok = torch.equal(dst[:, :, local], src[:, :, remote].to("cuda:1"))
             out[f"{tokens}/{name}"] = {
                 "GBps": nbytes / seconds / 1e9,
                 "ms": seconds * 1e3,

@@ -54,9 +54,38 @@ def copy_blocks(
     if len(runs) <= MAX_RUN_COPIES or len(remote) >= MIN_AVERAGE_RUN * len(runs):
         for r, lo, n in runs:
             dst_pool[:, :, lo : lo + n].copy_(src_pool[:, :, r : r + n], non_blocking=True)
+    elif src_pool.device != dst_pool.device and src_pool.is_cuda:
+        _pipelined(src_pool, dst_pool, remote, local)
     else:
         per_chunk = max(1, CHUNK_BYTES // block_bytes(src_pool))
         for start in range(0, len(remote), per_chunk):
             ids = remote[start : start + per_chunk]
             scatter(dst_pool, local[start : start + per_chunk], gather(src_pool, ids))
     return len(remote) * block_bytes(src_pool)
+
+
+_side_streams: dict[torch.device, list[torch.cuda.Stream]] = {}
+
+
+def _pipelined(src: torch.Tensor, dst: torch.Tensor, remote: list[int], local: list[int]) -> None:
+    """Scattered blocks between two GPUs: per chunk, gather on the source GPU, one
+    contiguous copy across the link, scatter on this GPU. Gathers alternate between two
+    streams of the source GPU, so chunk i+1 is gathered while chunk i crosses. Enqueued on
+    the destination's current stream (the copy of chunk i waits for it, and it waits for
+    the copy), like `copy_blocks`' other paths."""
+    streams = _side_streams.get(src.device)
+    if streams is None:
+        streams = _side_streams[src.device] = [torch.cuda.Stream(src.device) for _ in range(2)]
+    dst_stream = torch.cuda.current_stream(dst.device)
+    per_chunk = max(1, (CHUNK_BYTES // 4) // block_bytes(src))
+    for i, start in enumerate(range(0, len(remote), per_chunk)):
+        side = streams[i % 2]
+        side.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(side):
+            staged = gather(src, remote[start : start + per_chunk])
+            # A cross-device copy runs on the source's current stream (`side` here) after
+            # the destination's current stream, which then waits for it.
+            moved = staged.to(dst.device, non_blocking=True)
+        staged.record_stream(side)
+        scatter(dst, local[start : start + per_chunk], moved)
+        moved.record_stream(dst_stream)
