@@ -11,8 +11,7 @@ forces one:
 - `local`: the prefill agent lives in this process (`stator run --disagg`): pool to pool;
 - `ipc`: same host and both pools on CUDA: the prefill pool is opened through CUDA IPC
   once, then blocks are copied GPU to GPU (`copy.copy_blocks`);
-- `tcp`: anything else: the bytes come over the socket in chunks, straight into the pool;
-- `nixl`: RDMA through NIXL (`stator.kv.transfer.nixl`), when installed and asked for.
+- `tcp`: anything else: the bytes come over the socket in chunks, straight into the pool.
 
 `auto` falls back from ipc to tcp when opening the handle fails. Whatever the transport,
 `acquire`/`read` first check that the blocks are still pinned under the id, so a pull
@@ -227,10 +226,6 @@ class KvTransferAgent:
                     moved = await self._pull_tcp(transfer, pin, remote, local)
             elif kind == "tcp":
                 moved = await self._pull_tcp(transfer, pin, remote, local)
-            elif kind == "nixl":
-                from stator.kv.transfer import nixl
-
-                moved = await nixl.pull(self, transfer, pin, remote, local)
             else:
                 raise TransferError(f"unknown KV transfer kind {kind!r}")
         except TransferError:
