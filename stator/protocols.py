@@ -85,6 +85,10 @@ class RoutingHints(msgspec.Struct, kw_only=True, omit_defaults=True):
     dp_rank: int | None = None
     # Per-request override of the router's prefill weight `w` in the cost function.
     overlap_weight: float | None = None
+    # The request's latency targets in ms (header or `nvext`); the global router picks a
+    # pool from them.
+    ttft_target_ms: float | None = None
+    itl_target_ms: float | None = None
 
 
 class EngineRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

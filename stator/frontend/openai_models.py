@@ -56,6 +56,24 @@ class ChatMessage(BaseModel):
         return data
 
 
+class AgentHints(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    priority: int | None = None
+
+
+class NvExt(BaseModel):
+    """Dynamo's `nvext` extension fields that stator reads: latency targets (ms) and a
+    priority, which the global router uses to pick a pool."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    ttft_target: Annotated[float, Field(gt=0.0)] | None = None
+    itl_target: Annotated[float, Field(gt=0.0)] | None = None
+    priority: int | None = None
+    agent_hints: AgentHints | None = None
+
+
 class SamplingFields(BaseModel):
     """Fields shared by chat and completions requests. Strict: `"1"` or `true` is no
     integer (pydantic's lax mode took both)."""
@@ -87,6 +105,7 @@ class SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     user: str | None = None
+    nvext: NvExt | None = None
 
     @field_validator("stop")
     @classmethod

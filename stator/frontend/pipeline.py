@@ -20,7 +20,7 @@ from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from stator.frontend.parsing import ModelParsing
-from stator.frontend.routing_hints import WORKER_HEADER, target_worker_var
+from stator.frontend.routing_hints import WORKER_HEADER, target_worker_var, targets_var
 from stator.llm import (
     ChoiceProcessor,
     Delta,
@@ -192,9 +192,15 @@ class ModelPipeline:
         endpoint: EndpointName,
         router_config: RouterConfig,
         metrics: FrontendMetrics,
+        router: Any = None,
     ) -> ModelPipeline:
+        """`router`: a router-shaped object to use instead of the routers over `endpoint`
+        and its prefill workers (the global router's view of the model: `generate`, busy
+        thresholds, `client`, `close`)."""
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
+        if router is not None:
+            return cls(card, files, router.client, router, metrics, disagg=router)
         client = await runtime.client(endpoint, EngineOutput)
         router = Router(runtime, client, card, router_config, registry=metrics.registry)
         # Prefill workers of this namespace, wherever the model's own workers serve.
@@ -307,8 +313,7 @@ class ModelPipeline:
             if isinstance(body, ChatCompletionRequest)
             else body.skip_special_tokens
         )
-        target = target_worker_var.get()
-        routing = RoutingHints(target_worker_id=target) if target is not None else None
+        routing, priority = routing_hints(body)
         streams: list[ChoiceStream] = []
         for p, prompt in enumerate(prompts):
             ids, embeds = (prompt, None) if isinstance(prompt, list) else ([], prompt)
@@ -357,6 +362,7 @@ class ModelPipeline:
                     prompt_embeds_dtype=None if embeds is None else embeds.dtype,
                     sampling=choice_sampling,
                     stop=stop,
+                    priority=priority,
                     routing=routing,
                 )
                 processor = ChoiceProcessor(
@@ -368,6 +374,25 @@ class ModelPipeline:
                 )
                 streams.append(ChoiceStream(self, index, request, processor))
         return streams
+
+
+def routing_hints(
+    body: ChatCompletionRequest | CompletionRequest,
+) -> tuple[RoutingHints | None, int]:
+    """(routing hints, priority) from the headers (context variables) and `nvext`."""
+    target = target_worker_var.get()
+    ttft, itl = targets_var.get()
+    priority = 0
+    nvext = body.nvext
+    if nvext is not None:
+        ttft = nvext.ttft_target or ttft
+        itl = nvext.itl_target or itl
+        hinted = nvext.agent_hints.priority if nvext.agent_hints else None
+        priority = nvext.priority if nvext.priority is not None else (hinted or 0)
+    if target is None and ttft is None and itl is None:
+        return None, priority
+    hints = RoutingHints(target_worker_id=target, ttft_target_ms=ttft, itl_target_ms=itl)
+    return hints, priority
 
 
 async def prime_all(streams: list[ChoiceStream]) -> None:
