@@ -11,7 +11,7 @@ from stator.runtime.names import PREFILL_COMPONENT, EndpointName
 DEFAULT_COMPONENT = "backend"
 DEFAULT_ENDPOINT = "generate"
 ROLES = ["aggregated", "prefill", "decode"]
-KV_TRANSFERS = ["auto", "local", "ipc", "tcp", "nixl"]
+KV_TRANSFERS = ["auto", "local", "ipc", "tcp"]
 
 
 @dataclass
@@ -40,7 +40,7 @@ class WorkerConfig:
     kv_transfer: str = option(
         "auto",
         "How KV moves between prefill and decode workers: auto (CUDA IPC between GPU "
-        "processes of one host, else TCP), local (one process), ipc, tcp, nixl",
+        "processes of one host, else TCP), local (one process), ipc, tcp",
         choices=KV_TRANSFERS,
     )
     kv_transfer_host: str = option(

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 from vllm.config.kv_events import KVEventsConfig
+from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
@@ -27,6 +28,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.vllm.config import VllmConfig
+from stator.engines.vllm.disagg import kv_transfer_config, prefill_params, request_kv_params
 from stator.engines.vllm.kv_events import KvEventRelay
 from stator.engines.vllm.lora import LoraSet, local_adapter_dir
 from stator.engines.vllm.metrics import vllm_samples
@@ -82,6 +84,10 @@ class VllmEngine(Engine):
         if self.args.enable_lora:
             # vLLM's add_lora/remove_lora at run time need this switch.
             os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        connector = kv_transfer_config(self.role, current_platform.is_cuda_alike())
+        if connector is not None and self.args.kv_transfer_config is None:
+            self.config.engine_args["kv_transfer_config"] = KVTransferConfig(**connector)
+            self.args = engine_args(self.config, self.model_path, self.served_name)
         decoder = msgspec.msgpack.Decoder(KVEventBatch)
         if self.config.kv_events and self.args.kv_events_config is None:
             self._relay = KvEventRelay.on_loopback(KV_TOPIC, decoder)
@@ -133,6 +139,7 @@ class VllmEngine(Engine):
             ),
             engine="vllm",
             structured_output=True,  # vLLM's own structured-output backends
+            role=self.role,
             kv_state_available=False,  # see kv_state
             extra={"vllm_version": _vllm_version()},
         )
@@ -215,6 +222,9 @@ class VllmEngine(Engine):
         llm = self.llm
         prompt, prompt_ids, prompt_len = self._prompt(request)
         params = sampling_params(request, prompt_len, llm.vllm_config.model_config.max_model_len)
+        kv_params = request_kv_params(request)
+        if kv_params is not None:
+            params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": kv_params}
         # An adapter is named by lora_name, or by the model name its own card carries.
         lora = self.loras.request_for(request.lora_name or self.loras.adapter_named(request.model))
         if request.sampling.prompt_logprobs is not None and self._prompt_logprobs_kill_engine():
@@ -240,6 +250,13 @@ class VllmEngine(Engine):
             ):
                 output = converter.convert(ro)
                 finished = output.finish_reason is not None
+                if finished and kv_params is not None:
+                    output.disagg = prefill_params(
+                        self.worker_id,
+                        request,
+                        getattr(ro, "kv_transfer_params", None),
+                        llm.vllm_config.cache_config.block_size,
+                    )
                 yield output
                 if finished:
                     return

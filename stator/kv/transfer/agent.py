@@ -11,8 +11,7 @@ forces one:
 - `local`: the prefill agent lives in this process (`stator run --disagg`): pool to pool;
 - `ipc`: same host and both pools on CUDA: the prefill pool is opened through CUDA IPC
   once, then blocks are copied GPU to GPU (`copy.copy_blocks`);
-- `tcp`: anything else: the bytes come over the socket in chunks, straight into the pool;
-- `nixl`: RDMA through NIXL (`stator.kv.transfer.nixl`), when installed and asked for.
+- `tcp`: anything else: the bytes come over the socket in chunks, straight into the pool.
 
 `auto` falls back from ipc to tcp when opening the handle fails. Whatever the transport,
 `acquire`/`read` first check that the blocks are still pinned under the id, so a pull
@@ -62,7 +61,8 @@ class PullResult:
     kind: str
     bytes: int
     blocks: int
-    seconds: float
+    seconds: float  # the whole pull: checks, round trips, copies
+    copy_seconds: float = 0.0  # the bytes moving (device copies, socket reads)
 
 
 def host_id() -> str:
@@ -99,6 +99,7 @@ class KvTransferAgent:
         self._ipc_handle: bytes | None = None
         self._opened: dict[str, torch.Tensor] = {}  # remote agent id -> its pool
         self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
+        self._copy_seconds = 0.0
         _agents[self.id] = self
 
     # -- prefill side --------------------------------------------------------------
@@ -208,6 +209,7 @@ class KvTransferAgent:
             )
         kind = self.choose(transfer)
         started = time.perf_counter()
+        self._copy_seconds = 0.0
         try:
             if kind == "local":
                 moved = await self._pull_local(transfer, pin, remote, local)
@@ -224,17 +226,14 @@ class KvTransferAgent:
                     moved = await self._pull_tcp(transfer, pin, remote, local)
             elif kind == "tcp":
                 moved = await self._pull_tcp(transfer, pin, remote, local)
-            elif kind == "nixl":
-                from stator.kv.transfer import nixl
-
-                moved = await nixl.pull(self, transfer, pin, remote, local)
             else:
                 raise TransferError(f"unknown KV transfer kind {kind!r}")
         except TransferError:
             raise
         except (OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             raise TransferError(f"{kind} pull failed: {type(exc).__name__}: {exc}") from exc
-        return PullResult(kind, moved, len(remote), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return PullResult(kind, moved, len(remote), seconds, self._copy_seconds or seconds)
 
     async def _pull_local(self, transfer, pin, remote, local) -> int:
         source = _agents.get(transfer.get("agent", ""))
@@ -246,19 +245,32 @@ class KvTransferAgent:
         return await asyncio.to_thread(self._copy_from, source.pool, remote, local)
 
     async def _pull_ipc(self, transfer, pin, remote, local) -> int:
-        await self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
         agent = transfer["agent"]
         src = self._opened.get(agent)
         if src is None:
             src = self._opened[agent] = ipc.open_pool(transfer["ipc"], self.pool.device)
-        return await asyncio.to_thread(self._copy_from, src, remote, local)
+        # The pin check's round trip overlaps the copy. It runs while the copy does, so a
+        # "pinned" answer means the blocks were pinned while they were read: a pin lasts
+        # until this side releases it (or a timeout of tens of seconds), never a gap.
+        check = asyncio.ensure_future(
+            self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
+        )
+        try:
+            moved = await asyncio.to_thread(self._copy_from, src, remote, local)
+        finally:
+            await asyncio.wait({check})
+        check.result()  # raises TransferError when they were not pinned: data discarded
+        return moved
 
     def _copy_from(self, src: torch.Tensor, remote: list[int], local: list[int]) -> int:
+        started = time.perf_counter()
         if self._stream is None:
-            return copy_blocks(src, self.pool, remote, local)
-        with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
             moved = copy_blocks(src, self.pool, remote, local)
-        self._stream.synchronize()
+        else:
+            with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
+                moved = copy_blocks(src, self.pool, remote, local)
+            self._stream.synchronize()
+        self._copy_seconds += time.perf_counter() - started
         return moved
 
     async def _pull_tcp(self, transfer, pin, remote, local) -> int:

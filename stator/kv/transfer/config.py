@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("auto", "local", "ipc", "tcp", "nixl")
+# NIXL (RDMA across hosts) is not among them yet: docs/disagg.md, "Not done".
+KINDS = ("auto", "local", "ipc", "tcp")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from stator.kv.block_copy import block_bytes, gather, scatter
 
 # Above this many separate runs, gather/scatter (2 kernels a chunk) beats run copies.
 MAX_RUN_COPIES = 8
+MIN_AVERAGE_RUN = 4
 # Bytes staged at once when gathering (bounds the staging memory).
 CHUNK_BYTES = 256 << 20
 
@@ -48,12 +49,43 @@ def copy_blocks(
     if src_pool.shape[:2] != dst_pool.shape[:2] or src_pool.shape[3:] != dst_pool.shape[3:]:
         raise ValueError(f"pool layouts differ: {tuple(src_pool.shape)} vs {tuple(dst_pool.shape)}")
     runs = paired_runs(remote, local)
-    if len(runs) <= MAX_RUN_COPIES:
+    # One copy per run when runs are few or long (a run of 4 blocks is 8 MiB on an 8B
+    # model: the copy engine's per-copy cost is small against it).
+    if len(runs) <= MAX_RUN_COPIES or len(remote) >= MIN_AVERAGE_RUN * len(runs):
         for r, lo, n in runs:
             dst_pool[:, :, lo : lo + n].copy_(src_pool[:, :, r : r + n], non_blocking=True)
+    elif src_pool.device != dst_pool.device and src_pool.is_cuda:
+        _pipelined(src_pool, dst_pool, remote, local)
     else:
         per_chunk = max(1, CHUNK_BYTES // block_bytes(src_pool))
         for start in range(0, len(remote), per_chunk):
             ids = remote[start : start + per_chunk]
             scatter(dst_pool, local[start : start + per_chunk], gather(src_pool, ids))
     return len(remote) * block_bytes(src_pool)
+
+
+_side_streams: dict[torch.device, list[torch.cuda.Stream]] = {}
+
+
+def _pipelined(src: torch.Tensor, dst: torch.Tensor, remote: list[int], local: list[int]) -> None:
+    """Scattered blocks between two GPUs: per chunk, gather on the source GPU, one
+    contiguous copy across the link, scatter on this GPU. Gathers alternate between two
+    streams of the source GPU, so chunk i+1 is gathered while chunk i crosses. Enqueued on
+    the destination's current stream (the copy of chunk i waits for it, and it waits for
+    the copy), like `copy_blocks`' other paths."""
+    streams = _side_streams.get(src.device)
+    if streams is None:
+        streams = _side_streams[src.device] = [torch.cuda.Stream(src.device) for _ in range(2)]
+    dst_stream = torch.cuda.current_stream(dst.device)
+    per_chunk = max(1, (CHUNK_BYTES // 4) // block_bytes(src))
+    for i, start in enumerate(range(0, len(remote), per_chunk)):
+        side = streams[i % 2]
+        side.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(side):
+            staged = gather(src, remote[start : start + per_chunk])
+            # A cross-device copy runs on the source's current stream (`side` here) after
+            # the destination's current stream, which then waits for it.
+            moved = staged.to(dst.device, non_blocking=True)
+        staged.record_stream(side)
+        scatter(dst, local[start : start + per_chunk], moved)
+        moved.record_stream(dst_stream)

@@ -1,37 +1,47 @@
 """A CUDA KV pool shared with another process of the same host through CUDA IPC, the
-way `torch.multiprocessing` shares CUDA tensors (a memory handle plus offsets, pickled).
+way `torch.multiprocessing` shares CUDA tensors (a memory handle plus offsets), and
+opened there on the device that holds it.
 
-The opening process maps the prefill pool's memory into its address space; the tensor it
-gets is labelled with the device index the exporter used. When that index is the
-importer's own device (each process lists its own GPU first in CUDA_VISIBLE_DEVICES, and
-the other one second), copy kernels on the importer's GPU read the peer's memory across
-NVLink directly: one pass over the link, no staging on the far side. The exporter must
-keep the pool alive while it is shared (the engine holds it for its lifetime).
+Processes number GPUs by their own CUDA_VISIBLE_DEVICES, so the exporter sends its GPU's
+UUID along and the importer opens the handle under its own index of that GPU: the pool is
+then a tensor of the peer device, and a `copy_` into the importer's pool is a
+device-to-device copy over NVLink. When the importer cannot see that GPU, the handle is
+opened under the importer's own device instead (peer-mapped memory read by its kernels).
+The exporter must keep the pool alive while it is shared (the engine holds it for its
+lifetime).
 """
 
 from __future__ import annotations
 
-import io
 import pickle
-from multiprocessing.reduction import ForkingPickler
 
 import torch
-import torch.multiprocessing  # registers torch's CUDA tensor reductions
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+_DEVICE_ARG = 6  # position of `storage_device` in rebuild_cuda_tensor's arguments
+
+
+def device_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
 
 
 def export_pool(pool: torch.Tensor) -> bytes:
     if not pool.is_cuda:
         raise ValueError("only CUDA pools are shared through CUDA IPC")
-    buf = io.BytesIO()
-    ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(pool)
-    return buf.getvalue()
+    rebuild, args = reduce_tensor(pool)
+    if rebuild is not rebuild_cuda_tensor:
+        raise ValueError(f"unexpected CUDA tensor reduction {rebuild!r}")
+    return pickle.dumps({"args": args, "uuid": device_uuid(pool.device.index or 0)})
 
 
 def open_pool(handle: bytes, device: torch.device) -> torch.Tensor:
-    """The exporter's pool, mapped here (opened while `device` is current, so the peer
-    mapping is made for it)."""
-    with torch.cuda.device(device):
-        pool = pickle.loads(handle)  # a handle from a worker of our own fleet
+    """The exporter's pool, mapped into this process (see the module docstring)."""
+    shared = pickle.loads(handle)  # a handle from a worker of our own fleet
+    args = list(shared["args"])
+    local = [i for i in range(torch.cuda.device_count()) if device_uuid(i) == shared["uuid"]]
+    args[_DEVICE_ARG] = local[0] if local else (device.index or 0)
+    with torch.cuda.device(args[_DEVICE_ARG]):
+        pool = rebuild_cuda_tensor(*args)
     if not isinstance(pool, torch.Tensor) or not pool.is_cuda:
         raise ValueError("the CUDA IPC handle did not open a CUDA tensor")
     return pool

@@ -12,6 +12,7 @@ class TransferStats:
     blocks: int = 0
     bytes: int = 0
     seconds: float = 0.0
+    copy_seconds: float = 0.0
     # Requests whose prompt was computed on the decode side after all (pull failed, or
     # no room to receive it).
     fallbacks: int = 0
@@ -23,6 +24,7 @@ class TransferStats:
         self.blocks += result.blocks
         self.bytes += result.bytes
         self.seconds += result.seconds
+        self.copy_seconds += result.copy_seconds
         self.by_kind[result.kind] = self.by_kind.get(result.kind, 0) + 1
         if result.seconds > 0:
             self.last_gbps = result.bytes / result.seconds / 1e9
@@ -33,6 +35,7 @@ class TransferStats:
             "kv_transfer_blocks_total": self.blocks,
             "kv_transfer_bytes_total": self.bytes,
             "kv_transfer_seconds_total": self.seconds,
+            "kv_transfer_copy_seconds_total": self.copy_seconds,
             "kv_transfer_fallbacks_total": self.fallbacks,
             "kv_transfer_last_gbps": self.last_gbps,
         }
