@@ -320,13 +320,25 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
-    ap.add_argument("--profile", action="store_true", help="kernel times of 5 eager b1 steps")
+    ap.add_argument("--profile", action="store_true", help="kernel times of 8 eager b1 steps")
+    ap.add_argument(
+        "--expand-min-pairs",
+        type=int,
+        default=0,
+        help="kernels/moe_dequant.MIN_PAIRS: expand MXFP4 experts to bf16 from this many pairs",
+    )
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
+    from stator.engines.native.kernels import moe_dequant
+
+    moe_dequant.MIN_PAIRS = args.expand_min_pairs
     mode = args.moe_weights
     res: dict = {"device": torch.cuda.get_device_name(), "model": f"gpt-oss-{args.model}",
                  "moe_weights": mode}  # fmt: skip
     args.name = f"gpt_oss_{args.model}_{mode}_{'_'.join(args.parts)}"
+    if args.expand_min_pairs:
+        args.name += f"_expand{args.expand_min_pairs}"
+        res["expand_min_pairs"] = args.expand_min_pairs
     bandwidth = copy_bandwidth()
     res["copy_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
     torch.cuda.empty_cache()

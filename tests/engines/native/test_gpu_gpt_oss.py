@@ -109,3 +109,23 @@ def test_cuda_mxfp4_checkpoint_matches_transformers(tmp_path, checkpoints, moe_w
     assert relative_error(engine_prompt_logits(core, ids).cpu(), expected) < 2e-3
     got = run_all(core, [greedy_request("r", ids, 32)])["r"]
     assert tokens_of(got) == hf_greedy(ref, ids, 32)
+
+
+@pytest.mark.parametrize("tp", [TPShard(), TPShard(rank=1, size=2)])
+def test_expanded_mxfp4_path_matches_the_reference(monkeypatch, tp):
+    """kernels/moe_dequant.py (off by default): experts expanded chunk by chunk to bf16."""
+    from stator.engines.native import mxfp4
+    from stator.engines.native.kernels import moe_dequant
+    from stator.engines.native.kernels.fused_moe import fused_moe
+
+    moe = _moe(True, tp)
+    out = torch.empty(moe.local, 5760, 2880, dtype=torch.bfloat16, device="cuda")
+    moe_dequant.expand(moe.w13_blocks, moe.w13_scales, out)
+    assert torch.equal(out, mxfp4.dequantize(moe.w13_blocks, moe.w13_scales, torch.bfloat16))
+    monkeypatch.setattr(moe_dequant, "MIN_PAIRS", 64)
+    monkeypatch.setattr(moe_dequant, "CHUNK", 5)  # a short last chunk
+    x = torch.randn(300, 2880, device="cuda", dtype=torch.bfloat16)
+    weights, ids = moe.route(x)
+    ours = fused_moe(x, weights, ids, moe).float()
+    ref = moe._reference(x, weights, ids).float()
+    assert ((ours - ref).norm() / ref.norm()) < 2e-2

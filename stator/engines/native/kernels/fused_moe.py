@@ -189,12 +189,19 @@ def _config(pairs: int, hidden: int, inter: int) -> tuple[int, int, int, int, in
     return block_m, block_n, block_k, warps, stages
 
 
-def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True
+) -> torch.Tensor:
     """y [T, H] = sum over each token's k experts of weight * expert(x); `moe` is the
     models.moe.MoE module holding this rank's experts."""
     tokens, hidden = x.shape
     top_k, inter, local = ids.shape[1], moe.inter, moe.local
     pairs = tokens * top_k
+    if allow_expand and moe.packed:
+        from stator.engines.native.kernels import moe_dequant
+
+        if moe_dequant.MIN_PAIRS and pairs >= moe_dequant.MIN_PAIRS:
+            return moe_dequant.expanded_moe(x, weights, ids, moe)
     if pairs <= GEMV_MAX_PAIRS:
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
