@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 from vllm.config.kv_events import KVEventsConfig
+from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
@@ -27,6 +28,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.vllm.config import VllmConfig
+from stator.engines.vllm.connectors import transfer_config
 from stator.engines.vllm.kv_events import KvEventRelay
 from stator.engines.vllm.lora import LoraSet, local_adapter_dir
 from stator.engines.vllm.metrics import vllm_samples
@@ -56,6 +58,12 @@ def engine_args(
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic=KV_TOPIC
         )
+    connectors = transfer_config(config.connector, config.offload_connector_gb)
+    if connectors is not None:
+        if kwargs.get("kv_transfer_config") is not None:
+            log.warning("--kv-transfer-config given: --connector %s ignored", config.connector)
+        else:
+            kwargs["kv_transfer_config"] = KVTransferConfig(**connectors)
     if kwargs.get("enable_lora") and "max_loras" not in config.engine_args:
         kwargs["max_loras"] = config.default_max_loras
     return AsyncEngineArgs(**kwargs)
