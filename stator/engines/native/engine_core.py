@@ -335,7 +335,9 @@ class EngineCore:
         self.runner.close()
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self._pending is not None
+        # A load still copying holds its blocks: step until it is done and they are free.
+        loading = self.offload is not None and self.offload.copying()
+        return self.scheduler.has_work() or self._pending is not None or loading
 
     # -- one step ------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.vllm.config import VllmConfig
+from stator.engines.vllm.connectors import transfer_config
 from stator.engines.vllm.disagg import kv_transfer_config, prefill_params, request_kv_params
 from stator.engines.vllm.kv_events import KvEventRelay
 from stator.engines.vllm.lora import LoraSet, local_adapter_dir
@@ -58,6 +59,12 @@ def engine_args(
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic=KV_TOPIC
         )
+    connectors = transfer_config(config.connector, config.offload_connector_gb)
+    if connectors is not None:
+        if kwargs.get("kv_transfer_config") is not None:
+            log.warning("--kv-transfer-config given: --connector %s ignored", config.connector)
+        else:
+            kwargs["kv_transfer_config"] = KVTransferConfig(**connectors)
     if kwargs.get("enable_lora") and "max_loras" not in config.engine_args:
         kwargs["max_loras"] = config.default_max_loras
     return AsyncEngineArgs(**kwargs)

@@ -235,6 +235,10 @@ class OffloadManager:
         self._inflight = keep
         return finished
 
+    def copying(self) -> bool:
+        """Whether a load is still in flight (its blocks not yet given back)."""
+        return bool(self._inflight)
+
     def wait_for(self, block_ids: Iterable[int]) -> None:
         """Make the device wait for loads into any of these blocks (a step about to read
         them); no host wait."""

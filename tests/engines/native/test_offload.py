@@ -167,3 +167,19 @@ def test_cuda_host_tier_gives_the_same_tokens(llama, policy):
     assert core.offload.poll() == [] and not core.offload._inflight
     assert core.blocks.num_used_blocks == 0
     core.close()
+
+
+def test_abort_while_loading_gives_the_blocks_back(llama):
+    model_dir, _ = llama
+    core = _core(model_dir, host_blocks=16, overlap="on")
+    first = prompt(1, 70)
+    run_all(core, [greedy_request("a1", first, 8)])
+    run_all(core, [greedy_request("b", prompt(2, 90), 8)])
+    core.add_request(greedy_request("a2", [*first, 7, 8, 9], 8))
+    core.step()  # admitted with its prefix loading; computes from the next step
+    assert core.offload.stats.hits["host"] >= 2
+    core.abort("a2")
+    while core.has_work():
+        core.step()
+    assert core.blocks.num_used_blocks == 0
+    core.close()
