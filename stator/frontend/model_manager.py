@@ -46,6 +46,16 @@ class ModelEntry:
     # Built once, by the first card; requests arriving meanwhile wait for it.
     pipeline: asyncio.Task[ModelPipeline] | None = None
 
+    def instance_ids(self) -> set[int]:
+        """The workers that publish this model's card (key `.../{instance:x}[/suffix]`)."""
+        out = set()
+        for key in self.keys:
+            try:
+                out.add(int(key.split("/")[5], 16))
+            except (IndexError, ValueError):
+                continue
+        return out
+
 
 class ModelManager:
     def __init__(self, runtime: Runtime, router_config: RouterConfig, metrics=None) -> None:
@@ -95,8 +105,15 @@ class ModelManager:
         self._key_model[key] = card.name
 
     async def _build(self, entry: ModelEntry) -> ModelPipeline:
+        # A LoRA adapter goes only to the workers that loaded it (that publish its card).
+        allowed = entry.instance_ids if entry.card.base_model else None
         pipeline = await ModelPipeline.create(
-            self.runtime, entry.card, entry.endpoint, self.router_config, self.metrics
+            self.runtime,
+            entry.card,
+            entry.endpoint,
+            self.router_config,
+            self.metrics,
+            allowed_workers=allowed,
         )
         log.info("pipeline for %s ready", entry.name)
         return pipeline

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 import msgspec
@@ -162,6 +162,8 @@ class ModelPipeline:
     ) -> None:
         self.card = card
         self.name = card.name
+        # A LoRA adapter's card: requests name the adapter (KV hashes and routing use it).
+        self.lora_name = card.name if card.base_model else None
         self.files = files
         self.tokenizer = files.tokenizer
         self.template = files.chat_template
@@ -182,11 +184,21 @@ class ModelPipeline:
         endpoint: EndpointName,
         router_config: RouterConfig,
         metrics: FrontendMetrics,
+        allowed_workers: Callable[[], Collection[int]] | None = None,
     ) -> ModelPipeline:
+        """`allowed_workers`: the only workers to route to (those that publish this card,
+        for a LoRA adapter that not every worker of the endpoint has loaded)."""
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
         client = await runtime.client(endpoint, EngineOutput)
-        router = Router(runtime, client, card, router_config, registry=metrics.registry)
+        router = Router(
+            runtime,
+            client,
+            card,
+            router_config,
+            registry=metrics.registry,
+            allowed_workers=allowed_workers,
+        )
         await router.start()
         return cls(card, files, client, router, metrics)
 
@@ -308,6 +320,7 @@ class ModelPipeline:
                 request = EngineRequest(
                     request_id=request_id if index == 0 else f"{request_id}-{index}",
                     model=self.name,
+                    lora_name=self.lora_name,
                     token_ids=ids,
                     prompt_embeds=None if embeds is None else embeds.data,
                     prompt_embeds_shape=None if embeds is None else embeds.shape,

@@ -118,6 +118,7 @@ async def running_frontend(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         sock.close()
+        await app.state.worker_admin.close()
         await manager.close()
 
 
@@ -177,4 +178,5 @@ async def serve_frontend(
         if stopper is not None:
             stopper.cancel()
         sock.close()
+        await app.state.worker_admin.close()
         await manager.close()
