@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 1 << 30
+# Steps of at most this many tokens zero one LoRA workspace for all projections at once.
+_LORA_WORKSPACE_TOKENS = 512
 
 
 def resolve_device(name: str) -> torch.device:
@@ -144,6 +146,9 @@ class ModelRunner:
                 sliding_window=self.sliding_window,
                 device=self.device,
                 lora_slots=config.max_loras if self.lora_slots is not None else 0,
+                lora_workspace=(
+                    self.lora_slots.workspace_shape() if self.lora_slots is not None else None
+                ),
             )
             self.graphs.capture()
 
@@ -167,6 +172,10 @@ class ModelRunner:
         self._asleep_parts = {"weights", "kv_cache"}
         if self.device.type == "cuda":
             torch.cuda.synchronize()
+            # cuBLAS keeps its workspaces in the caching allocator (64 MiB on an H100).
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:
+                clear()
             torch.cuda.empty_cache()
 
     @torch.inference_mode()
@@ -352,6 +361,12 @@ class ModelRunner:
                 dev,
                 groups=dev.type != "cuda",
             )
+            tokens = len(input_ids)
+            if ctx.lora is not None and dev.type == "cuda" and tokens <= _LORA_WORKSPACE_TOKENS:
+                layers, width = self.lora_slots.workspace_shape()
+                ctx.lora.workspace = torch.zeros(
+                    layers, tokens, width, dtype=torch.float32, device=dev
+                )
         return StepInputs(
             input_ids=to_device(input_ids, dev),
             ctx=ctx,
