@@ -36,12 +36,14 @@ def option(
     flag: str | None = None,
     metavar: str | None = None,
     aliases: tuple[str, ...] = (),
+    secret: bool = False,
 ) -> Any:
     """A config field with its help text (and, optionally, choices, a custom flag name, or
     older flag names kept as `aliases`; an alias a parser already has for another flag is
     left out there)."""
     meta = {"help": help, "choices": choices, "flag": flag, "metavar": metavar}
     meta["aliases"] = tuple(aliases)
+    meta["secret"] = secret  # --help never shows its value (e.g. an API key from the env)
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -127,6 +129,8 @@ def add_flags(
             except ValueError as exc:
                 raise SystemExit(f"invalid value for {var}: {exc}") from exc
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        if f.metadata.get("secret") and default:
+            shown = "(set)"
         help_text = f"{f.metadata.get('help', '')} (default: {shown}; env {var})"
         help_text = help_text.replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": help_text}
@@ -134,6 +138,8 @@ def add_flags(
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = convert
+            if typing.get_origin(tp) is list:
+                kwargs["action"] = _Accumulate
             if f.metadata.get("choices"):
                 kwargs["choices"] = f.metadata["choices"]
             if f.metadata.get("metavar"):
@@ -141,6 +147,17 @@ def add_flags(
         taken = _option_strings(parser)
         aliases = [a for a in f.metadata.get("aliases", ()) if a not in taken]
         parser.add_argument(flag_name(f), *aliases, **kwargs)
+
+
+class _Accumulate(argparse.Action):
+    """A list flag: comma-separated, and repeatable (`--api-key a --api-key b`); the first
+    use replaces the default (or the env twin's value), later ones add to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        current = getattr(namespace, self.dest, None)
+        if current is self.default or current is None:
+            current = []
+        setattr(namespace, self.dest, [*current, *values])
 
 
 def _option_strings(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> set[str]:

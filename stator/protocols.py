@@ -58,13 +58,25 @@ class StopConditions(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class DisaggParams(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What a decode worker needs to pull a prompt's KV from the prefill worker."""
+    """What a decode worker needs to pull a prompt's KV from the prefill worker.
+
+    A prefill worker puts it on its final output; the router copies it onto the decode
+    request (see `stator.router.disagg_requests`). `remote_block_ids` are the prefill
+    side's block ids holding the prompt, in order (the last one may be partly filled);
+    they stay pinned there until the decode side releases them or `expires_in` passes.
+    `transfer` says how to reach them: the transport's kind and its address or handles.
+    """
 
     prefill_worker_id: int | None = None
     remote_block_ids: list[int] = msgspec.field(default_factory=list)
     remote_address: str | None = None
     num_prompt_tokens: int = 0
     transfer: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The prefill worker's id for the pinned blocks (what a release names).
+    prefill_request_id: str | None = None
+    block_size: int = 0
+    # Seconds after the prefill output the blocks stay pinned without a release.
+    expires_in: float = 0.0
 
 
 class RoutingHints(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -195,14 +207,18 @@ class BlockStored(msgspec.Struct, tag="stored", kw_only=True, omit_defaults=True
     token_ids: list[int] = msgspec.field(default_factory=list)
     block_size: int = 16
     lora_name: str | None = None
+    # Where the blocks now are: "gpu" (the engine's own cache), or a lower tier the engine
+    # can load them back from: "host" (pinned memory), "disk". A block may be in several.
+    tier: str = "gpu"
 
 
-class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True):
+class BlockRemoved(msgspec.Struct, tag="removed", kw_only=True, omit_defaults=True):
     block_hashes: list[int]
+    tier: str = "gpu"  # the tier the blocks left (they may still be in another)
 
 
 class AllCleared(msgspec.Struct, tag="cleared", kw_only=True):
-    pass
+    """Every block of the worker is gone, in every tier."""
 
 
 KvEventData = BlockStored | BlockRemoved | AllCleared

@@ -43,6 +43,14 @@ class BenchConfig:
     ignore_eos: bool = option(True, "Send ignore_eos and min_tokens so lengths are controlled")
     slo: str | None = option(None, "Goodput SLOs, e.g. ttft=200ms,itl=25ms,e2e=2s")
     timeout: float = option(600.0, "Seconds before one request is abandoned")
+    api_key: str | None = option(
+        None, "Sent as `Authorization: Bearer KEY` (servers that require an API key)"
+    )
+    ready_check_timeout_sec: float = option(
+        0.0,
+        "Before any request, wait up to this many seconds for GET /health to answer 200 and "
+        "GET /v1/models to list the model (0 = do not wait)",
+    )
     # output
     out: str | None = option(None, "Directory for records.jsonl, summary.json/csv and plots")
     tag: str | None = option(None, "Name of this run in reports (default: the URL)")

@@ -271,7 +271,9 @@ class _Response(asyncio.Protocol):
 class HttpClient:
     """Keep-alive connections to one base URL; `request` borrows an idle one or opens one."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, timeout: float = 600.0, headers: dict[str, str] | None = None
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http":
             raise ValueError(f"only http:// URLs are supported, got {base_url!r}")
@@ -279,6 +281,8 @@ class HttpClient:
         self.port = parts.port or 80
         self.prefix = parts.path.rstrip("/")
         self.timeout = timeout
+        # Extra header lines of every request (e.g. Authorization), pre-rendered once.
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: list[_Response] = []
 
     async def _connection(self) -> _Response:
@@ -303,7 +307,8 @@ class HttpClient:
         conn = await self._connection()
         head = (
             f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"{self._extra}\r\n"
         ).encode("latin-1")
         assert conn.transport is not None
         conn.transport.write(head + body)

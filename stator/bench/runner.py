@@ -18,6 +18,7 @@ from stator.bench.config import BenchConfig
 from stator.bench.http import HttpClient, HttpError
 from stator.bench.metrics import client_cpu, parse_slos, summarize
 from stator.bench.prompts import PromptSource
+from stator.bench.ready import wait_until_ready
 from stator.bench.schedule import arrival_times
 from stator.bench.workload import RequestSpec, from_trace, load_trace, synthetic
 
@@ -248,8 +249,11 @@ async def run_benchmark(
     """Run the whole benchmark described by `cfg` and return every record and summary."""
     parse_slos(cfg.slo)  # fail before sending anything
     progress = progress or (lambda n: None)
-    http = HttpClient(_base(cfg), timeout=cfg.timeout)
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else None
+    http = HttpClient(_base(cfg), timeout=cfg.timeout, headers=headers)
     try:
+        if cfg.ready_check_timeout_sec > 0:
+            await wait_until_ready(http, _base(cfg), cfg.model, cfg.ready_check_timeout_sec)
         model = await resolve_model(http, cfg)
         sender = _Sender(http, cfg, model)
         if cfg.warmup:
@@ -268,6 +272,7 @@ async def run_benchmark(
         url=cfg.url,
         model=model,
         endpoint=cfg.endpoint,
-        config=dataclasses.asdict(cfg),
+        # The key stays out of summary.json.
+        config={**dataclasses.asdict(cfg), "api_key": "<set>" if cfg.api_key else None},
         points=points,
     )

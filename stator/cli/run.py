@@ -31,13 +31,20 @@ class RunConfig:
         "native", "Engine: native | mocker | vllm | package.module:factory", metavar="ENGINE"
     )
     workers: int = option(1, "Number of workers (engines) behind the router")
+    disagg: bool = option(
+        False,
+        "Disaggregated serving: --prefill-workers prefill and --decode-workers decode "
+        "workers (instead of --workers aggregated ones), KV moved between them",
+    )
+    prefill_workers: int = option(1, "With --disagg: number of prefill workers")
+    decode_workers: int = option(1, "With --disagg: number of decode workers")
     namespace: str = option("stator", "Namespace of the in-process fleet")
 
 
-# Fields the run command sets itself: the workers' endpoint and status servers (an
+# Fields the run command sets itself: the workers' endpoint, role and status servers (an
 # embedded fleet needs neither), and the migration limit (the router's flag).
 FRONTEND_SKIPPED: frozenset[str] = frozenset()
-WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit"})
+WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit", "role"})
 
 
 def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
@@ -98,9 +105,11 @@ def run(args: argparse.Namespace) -> int:
         return phase
     spec, parsed = phase
     run_config = from_args(RunConfig, parsed)
-    if run_config.workers < 1:
-        log.error("--workers must be at least 1, got %d", run_config.workers)
-        return 2
+    for name in ("workers", "prefill_workers", "decode_workers"):
+        if getattr(run_config, name) < 1:
+            flag = name.replace("_", "-")
+            log.error("--%s must be at least 1, got %d", flag, getattr(run_config, name))
+            return 2
     engine_config = build_engine_config(spec, parsed)
     router_config = from_args(RouterConfig, parsed)
     # One --migration-limit (the router's) serves both: the workers publish it in their
@@ -147,10 +156,13 @@ async def _serve(
     hosts: list[tuple[WorkerHost, Runtime]] = []
     frontend_runtime = await Runtime.create(runtime_config())
     try:
-        for _ in range(run_config.workers):
+        for role in worker_roles(run_config):
             runtime = await Runtime.create(runtime_config())
+            config = dataclasses.replace(worker_config, role=role)
+            if hasattr(engine_config, "role"):  # the mocker's own copy of the flag
+                engine_config = dataclasses.replace(engine_config, role=role)
             engine = spec.factory(engine_config, str(model_dir), served)
-            host = WorkerHost(runtime, engine, worker_config, model_dir=model_dir)
+            host = WorkerHost(runtime, engine, config, model_dir=model_dir)
             hosts.append((host, runtime))
             await host.start()
     except Exception as exc:
@@ -164,8 +176,15 @@ async def _serve(
         async with running_frontend(frontend_runtime, frontend_config, router_config) as front:
             await front.manager.wait_for_model(served, timeout=60.0)
             # The one line a user waits for: where to point their client.
+            if run_config.disagg:
+                workers = (
+                    f"{run_config.prefill_workers} prefill + "
+                    f"{run_config.decode_workers} decode workers"
+                )
+            else:
+                workers = f"{len(hosts)} worker(s)"
             print(
-                f"stator is serving {served!r} ({spec.name} engine, {len(hosts)} worker(s)) "
+                f"stator is serving {served!r} ({spec.name} engine, {workers}) "
                 f"at {front.base_url}/v1",
                 flush=True,
             )
@@ -177,6 +196,14 @@ async def _serve(
     for host, _ in hosts:
         host.on_fatal(lifecycle.fatal)
     return await lifecycle.run(serving)
+
+
+def worker_roles(config: RunConfig) -> list[str]:
+    """The role of each worker to start: decode ones first, so the model's card (which
+    the frontend serves from) exists before any prefill worker's."""
+    if not config.disagg:
+        return ["aggregated"] * config.workers
+    return ["decode"] * config.decode_workers + ["prefill"] * config.prefill_workers
 
 
 class _RunDrain:

@@ -11,7 +11,16 @@ import abc
 from collections.abc import AsyncIterator
 from typing import Any
 
-from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, LoraInfo, ModelCard
+from stator.kv.transfer import TransferConfig
+from stator.protocols import (
+    EngineOutput,
+    EngineRequest,
+    KvEvent,
+    LoadReport,
+    LoraInfo,
+    ModelCard,
+    Role,
+)
 
 
 class EngineError(Exception):
@@ -36,6 +45,13 @@ class Engine(abc.ABC):
 
     #: Set by the worker host before `start()`: the instance id events are stamped with.
     worker_id: int = 0
+    #: Set by the worker host before `start()`: which half of disaggregated serving this
+    #: engine does. A prefill engine computes the prompt, answers with one token and
+    #: `DisaggParams` on its final output, and keeps the prompt's KV for the decode side;
+    #: a decode engine takes requests whose `disagg` says where to pull that KV from.
+    role: Role = "aggregated"
+    #: Set by the worker host before `start()`: how KV moves to or from the other role.
+    kv_transfer: TransferConfig = TransferConfig()
 
     async def start(self) -> None:
         """Load weights, allocate the KV cache, start background loops."""
@@ -67,6 +83,11 @@ class Engine(abc.ABC):
     async def health_check(self) -> None:
         """Raise if the engine is unhealthy. The worker host also sends a one-token request
         periodically; this hook adds engine-specific checks (default: none)."""
+
+    async def release_kv(self, prefill_request_id: str) -> bool:
+        """Prefill role: unpin the KV kept for a decode side that will not pull it (the
+        client went away). False when nothing was pinned under that id."""
+        return False
 
     async def clear_kv(self) -> None:
         raise Unsupported(f"{type(self).__name__} cannot clear its KV cache")

@@ -33,6 +33,7 @@ from stator.frontend.request_context import RequestContextMiddleware
 from stator.frontend.responses import ModelList, ModelObject, to_json
 from stator.frontend.responses_api import create_response
 from stator.frontend.routing_hints import set_target_worker
+from stator.frontend.security import HttpGuard, load_api_keys
 from stator.frontend.worker_admin import install_worker_admin_routes, sleeping_error
 from stator.llm.responses import InMemoryResponseStore
 from stator.logs import request_id_var
@@ -109,6 +110,27 @@ def create_app(
         version="0.1.0",
     )
     errors.install_error_handlers(app)
+
+    def prompt_embeds_body_bytes() -> int:
+        # base64 (4/3) of float32 embeddings for a full context, plus room for the rest.
+        sizes = [
+            e.card.context_length * e.card.prompt_embeds_hidden_size * 4 * 4 // 3 + (1 << 20)
+            for e in manager.models.values()
+            if e.card.prompt_embeds_hidden_size
+        ]
+        return max(sizes, default=0)
+
+    # Added first, so it runs inside the request-context middleware (ids and counts).
+    app.add_middleware(
+        HttpGuard,
+        api_keys=load_api_keys(config.api_key, config.api_key_file),
+        metrics_auth=config.metrics_auth,
+        allowed_origins=config.allowed_origins,
+        rate_limit_rps=config.rate_limit_rps,
+        rate_limit_burst=config.rate_limit_burst,
+        max_body_bytes=config.max_body_bytes,
+        generation_body_bytes=prompt_embeds_body_bytes,
+    )
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     app.state.manager = manager
     app.state.metrics = metrics

@@ -8,6 +8,7 @@ The HTTP shapes (chunks, responses) are built by `chat.py` / `completions.py`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
@@ -29,10 +30,11 @@ from stator.llm import (
     build_sampling,
 )
 from stator.llm.prompt_embeds import PromptEmbeds
-from stator.protocols import EngineOutput, EngineRequest, ModelCard, RoutingHints
+from stator.protocols import AdminResponse, EngineOutput, EngineRequest, ModelCard, RoutingHints
 from stator.router import BadRouting, Overloaded, Router, RouterConfig
+from stator.router.disagg import DisaggRouter
 from stator.runtime import Client, Migratable, NoInstances, RemoteError, Runtime
-from stator.runtime.names import EndpointName
+from stator.runtime.names import PREFILL_COMPONENT, EndpointName
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ class ChoiceStream:
         shape = request.prompt_embeds_shape
         self.prompt_tokens = len(request.token_ids) if shape is None else shape[0]
         self.detokenize_seconds = 0.0
-        self._outputs: AsyncIterator[EngineOutput] = pipeline.router.generate(request)
+        self._outputs: AsyncIterator[EngineOutput] = pipeline.generate(request)
         self._first: Delta | None = None
         self._started = False
         self._done = False
@@ -159,6 +161,7 @@ class ModelPipeline:
         client: Client,
         router: Router,
         metrics: FrontendMetrics,
+        disagg: DisaggRouter | None = None,
     ) -> None:
         self.card = card
         self.name = card.name
@@ -169,7 +172,9 @@ class ModelPipeline:
         self.template = files.chat_template
         self.context_length = files.context_length or card.context_length
         self.client = client
+        # The decode (or aggregated) workers' router; `disagg` adds the prefill workers'.
         self.router = router
+        self.disagg = disagg or DisaggRouter(router, None, router.config)
         self.metrics = metrics
         self.model_metrics = metrics.for_model(self.name)
         self.eos_token_ids = list(files.eos_token_ids)
@@ -199,12 +204,32 @@ class ModelPipeline:
             registry=metrics.registry,
             allowed_workers=allowed_workers,
         )
-        await router.start()
-        return cls(card, files, client, router, metrics)
+        # Prefill workers of this namespace, wherever the model's own workers serve.
+        prefill_endpoint = EndpointName(endpoint.namespace, PREFILL_COMPONENT, endpoint.endpoint)
+        prefill_client = await runtime.client(prefill_endpoint, EngineOutput)
+        prefill = Router(
+            runtime,
+            prefill_client,
+            msgspec.structs.replace(card, role="prefill"),
+            dataclasses.replace(router_config, router_replica_sync=False),
+            registry=metrics.registry,
+        )
+        admin = await runtime.client(prefill_endpoint.sibling("admin"), AdminResponse)
+        disagg = DisaggRouter(router, prefill, router_config, prefill_admin=admin)
+        await disagg.start()
+        return cls(card, files, client, router, metrics, disagg)
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        """The request's outputs from the model's workers (prefill and decode ones when
+        the model has both)."""
+        return self.disagg.generate(request)
 
     async def close(self) -> None:
-        await self.router.close()
+        await self.disagg.close()
         await self.client.close()
+        for client in (self.disagg.prefill, self.disagg.prefill_admin):
+            if client is not None:
+                await (client.client if isinstance(client, Router) else client).close()
 
     # -- preprocessing ---------------------------------------------------------------
 

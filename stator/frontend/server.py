@@ -10,8 +10,10 @@ import importlib.util
 import logging
 import signal
 import socket
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -26,9 +28,39 @@ from stator.runtime import Runtime
 log = logging.getLogger(__name__)
 
 
-def _http_impl() -> str:
-    # httptools parses HTTP in C; h11 is the pure-Python fallback.
-    return "httptools" if importlib.util.find_spec("httptools") else "h11"
+def _http_impl(config: FrontendConfig) -> Any:
+    # httptools parses HTTP in C, and our subclass adds connection limits and timeouts;
+    # h11 is the pure-Python fallback (without them).
+    if not importlib.util.find_spec("httptools"):
+        return "h11"
+    from stator.frontend.http_protocol import ConnectionLimits, limited_protocol, max_connections
+
+    return limited_protocol(
+        ConnectionLimits(
+            header_timeout=config.header_timeout,
+            body_timeout=config.body_timeout,
+            max_header_bytes=config.max_header_bytes,
+            max_connections=max_connections(config.max_connections),
+        )
+    )
+
+
+_CLIENT_CERT = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+def _tls_options(config: FrontendConfig) -> dict[str, Any]:
+    if not config.ssl_keyfile and not config.ssl_certfile:
+        return {}
+    if not (config.ssl_keyfile and config.ssl_certfile):
+        raise ValueError("HTTPS needs both --ssl-keyfile and --ssl-certfile")
+    if config.ssl_client_cert != "none" and not config.ssl_ca_certs:
+        raise ValueError("--ssl-client-cert needs --ssl-ca-certs to verify them against")
+    return {
+        "ssl_keyfile": config.ssl_keyfile,
+        "ssl_certfile": config.ssl_certfile,
+        "ssl_ca_certs": config.ssl_ca_certs,
+        "ssl_cert_reqs": _CLIENT_CERT[config.ssl_client_cert],
+    }
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -48,10 +80,11 @@ class RunningFrontend:
     metrics: FrontendMetrics
     host: str
     port: int
+    scheme: str = "http"
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
 
 def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -71,7 +104,8 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 def _uvicorn_config(app: FastAPI, config: FrontendConfig, grace: float = 5.0) -> uvicorn.Config:
     return uvicorn.Config(
         app,
-        http=_http_impl(),
+        http=_http_impl(config),
+        **_tls_options(config),
         lifespan="off",  # the manager's lifetime is ours, not the app's
         access_log=config.access_log,
         log_config=None,  # keep stator's log format (with request ids)
@@ -112,7 +146,8 @@ async def running_frontend(
             if task.done():
                 task.result()  # startup failed: raise its error
             await asyncio.sleep(0.01)
-        yield RunningFrontend(app, manager, metrics, config.http_host, port)
+        scheme = "https" if config.ssl_certfile else "http"
+        yield RunningFrontend(app, manager, metrics, config.http_host, port, scheme)
     finally:
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
@@ -145,7 +180,8 @@ async def serve_frontend(
     grace = runtime.config.graceful_shutdown_timeout
     server = _EmbeddedServer(_uvicorn_config(app, frontend_config, grace))
     log.info(
-        "frontend listening on http://%s:%d",
+        "frontend listening on %s://%s:%d",
+        "https" if frontend_config.ssl_certfile else "http",
         frontend_config.http_host,
         sock.getsockname()[1],
     )

@@ -109,8 +109,14 @@ class BlockMover:
             return self.stream.record_event()
 
     def load(
-        self, host: torch.Tensor, slots: Sequence[int], block_ids: Sequence[int]
+        self,
+        host: torch.Tensor,
+        slots: Sequence[int],
+        block_ids: Sequence[int],
+        start: torch.cuda.Event | None = None,
     ) -> torch.cuda.Event | None:
+        """`start`, when given, is recorded on the copy stream once its wait is over (to
+        time the copy itself with `start.elapsed_time(done)`)."""
         if not block_ids:
             return None
         if self.stream is None:
@@ -118,12 +124,14 @@ class BlockMover:
             return None
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
+            if start is not None:
+                start.record(self.stream)
             staged = torch.empty(
                 (len(slots), *host.shape[1:]), dtype=host.dtype, device=self.device
             )
             _copy_runs(host, slots, staged, to_host=False)
             scatter(self.pool, block_ids, staged)
-            return self.stream.record_event()
+            return self.stream.record_event(torch.cuda.Event(enable_timing=start is not None))
 
     def wait(self, event: torch.cuda.Event | None) -> None:
         """Make the current stream wait for `event` (no host wait)."""

@@ -21,6 +21,19 @@ class RouterConfig:
         "(higher favours cache hits and the shortest prefill queue, lower favours even KV "
         "use; 1 is Dynamo's default)",
     )
+    # A lower-tier hit saves the prefill but costs a copy: on an H100 a host block comes
+    # back at ~10x the speed of recomputing it, a disk block at roughly its speed
+    # (docs/kv_tiers.md); these are the fractions of a GPU hit they are worth.
+    kv_host_overlap_weight: float = option(
+        0.75,
+        "kv mode: a prompt block a worker holds in host memory (KV offload) counts as this "
+        "fraction of a block cached on its GPU",
+    )
+    kv_disk_overlap_weight: float = option(
+        0.25,
+        "kv mode: a prompt block a worker holds on disk counts as this fraction of a block "
+        "cached on its GPU",
+    )
     router_temperature: float = option(
         0.0, "kv mode: 0 picks the lowest cost; above 0 samples with softmax over costs"
     )
@@ -72,6 +85,22 @@ class RouterConfig:
         "its bookings are dropped (it crashed or left); each frontend says it is alive every "
         "third of this",
     )
+    enforce_disagg: bool = option(
+        False,
+        "Disaggregated serving: fail requests with 503 when no prefill worker is live (or "
+        "the prefill worker fails) instead of prefilling them on a decode worker",
+    )
+    disagg_min_prefill_tokens: int = option(
+        512,
+        "Disaggregated serving: prompts whose part not cached on a decode worker is "
+        "shorter than this are prefilled on the decode worker (moving their KV costs "
+        "more than computing it there)",
+    )
+    disagg_max_prefill_queue: int = option(
+        0,
+        "Disaggregated serving: when every prefill worker has more than this many prompt "
+        "tokens queued, prefill on the decode worker instead (0: no limit)",
+    )
     router_seed: int | None = option(None, "Seed for the router's random choices (tests)")
 
     def busy_thresholds(self) -> BusyThresholds:
@@ -84,6 +113,9 @@ class RouterConfig:
             raise ValueError(f"router_mode must be one of {ROUTER_MODES}, got {self.router_mode!r}")
         if self.kv_overlap_score_weight < 0:
             raise ValueError("kv_overlap_score_weight must be >= 0")
+        for name in ("kv_host_overlap_weight", "kv_disk_overlap_weight"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be within [0, 1]")
         if self.router_temperature < 0:
             raise ValueError("router_temperature must be >= 0")
         if self.router_ttl <= 0 or self.router_max_tree_size <= 0:
@@ -94,6 +126,8 @@ class RouterConfig:
             raise ValueError("router_replica_ttl must be positive")
         if self.router_queue_size < 0:
             raise ValueError("router_queue_size must be >= 0")
+        if self.disagg_min_prefill_tokens < 0 or self.disagg_max_prefill_queue < 0:
+            raise ValueError("disagg_min_prefill_tokens and disagg_max_prefill_queue must be >= 0")
         if self.migration_limit is not None and self.migration_limit < 0:
             raise ValueError("migration_limit must be >= 0")
         self.busy_thresholds().validate()

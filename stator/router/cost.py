@@ -29,7 +29,7 @@ class Candidate(NamedTuple):
     worker per request, and a tuple is the cheapest thing Python can build."""
 
     key: WorkerKey
-    overlap_blocks: int  # leading prompt blocks cached on this worker
+    overlap_blocks: float  # leading prompt blocks cached there (lower tiers count less)
     cached_blocks: int  # everything cached on this worker (its "tree size")
     inflight_prefill_tokens: int
     active_blocks: int
@@ -39,7 +39,7 @@ class Candidate(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Choice:
     key: WorkerKey
-    overlap_blocks: int
+    overlap_blocks: float
     costs: dict[WorkerKey, float]
 
 

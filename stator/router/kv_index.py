@@ -10,6 +10,12 @@ the prompt's hashes ANDing masks and stops as soon as no holder is left. Measure
 `benchmarks/kv_index.py` (several million block events/s, tens of thousands of 4k-token
 lookups/s on one core).
 
+Lower tiers: an engine that keeps evicted blocks in host memory or on disk says so with the
+event's `tier`. Those blocks live in maps of their own (the GPU map, and every lookup on a
+fleet without tiers, stay as they were); `find_weighted` walks all three and counts a block
+in a lower tier as a fraction of a GPU block (the router's `--kv-host-overlap-weight`,
+`--kv-disk-overlap-weight`), the engine's cost of loading it instead of computing it.
+
 Engines with their own block hashes (vLLM) send the blocks' token ids: the index
 recomputes our hashes from the tokens and keeps, per worker, engine hash -> our hash so
 that later removals (which carry only engine hashes) can be applied.
@@ -18,7 +24,7 @@ that later removals (which carry only engine hashes) can be applied.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 
 from stator.kv.hashing import block_hashes
@@ -28,17 +34,19 @@ log = logging.getLogger(__name__)
 
 # A KV cache holder: (worker instance id, data-parallel rank).
 WorkerKey = tuple[int, int]
+LOWER_TIERS = ("host", "disk")
 
 
 class _Slot:
     """One holder's bookkeeping: its bit, its blocks, and (for engines with foreign
     hashes) the engine-hash -> our-hash map."""
 
-    __slots__ = ("bit", "blocks", "foreign", "native")
+    __slots__ = ("bit", "blocks", "foreign", "lower", "native")
 
     def __init__(self, bit: int) -> None:
         self.bit = bit
         self.blocks: set[int] = set()
+        self.lower: dict[str, set[int]] = {t: set() for t in LOWER_TIERS}
         # None until the first stored event with token ids tells whether the engine
         # hashes blocks the way we do.
         self.native: bool | None = None
@@ -53,7 +61,8 @@ class KvIndex:
             raise ValueError(f"jump must be >= 1, got {jump}")
         self.block_size = block_size
         self.jump = jump
-        self._owners: dict[int, int] = {}  # sequence hash -> bitmask of slots
+        self._owners: dict[int, int] = {}  # sequence hash -> bitmask of slots (GPU tier)
+        self._lower: dict[str, dict[int, int]] = {t: {} for t in LOWER_TIERS}
         self._slots: dict[WorkerKey, _Slot] = {}
         self._by_bit: dict[int, WorkerKey] = {}
         self._free_bits: list[int] = []
@@ -102,26 +111,36 @@ class KvIndex:
         if isinstance(data, BlockStored):
             self.store_event(key, data)
         elif isinstance(data, BlockRemoved):
-            self.remove_event(key, data.block_hashes)
+            self.remove_event(key, data.block_hashes, data.tier)
         elif isinstance(data, AllCleared):
             self.clear(key)
 
-    def store(self, key: WorkerKey, hashes: Iterable[int]) -> None:
-        """Record that `key` holds blocks with these (our) sequence hashes."""
+    def store(self, key: WorkerKey, hashes: Iterable[int], tier: str = "gpu") -> None:
+        """Record that `key` holds blocks with these (our) sequence hashes in `tier`."""
         slot = self._slot(key)
         bit = slot.bit
-        owners = self._owners
+        owners, blocks = self._tier_maps(slot, tier)
+        if owners is None:
+            return
         get = owners.get
         hashes = hashes if isinstance(hashes, list) else list(hashes)
         for h in hashes:
             owners[h] = get(h, 0) | bit
-        slot.blocks.update(hashes)
+        blocks.update(hashes)
+
+    def _tier_maps(self, slot: _Slot, tier: str) -> tuple[dict[int, int] | None, set[int]]:
+        if tier == "gpu":
+            return self._owners, slot.blocks
+        if tier in self._lower:
+            return self._lower[tier], slot.lower[tier]
+        return None, set()  # a tier this router does not know: ignored
 
     def store_event(self, key: WorkerKey, event: BlockStored) -> None:
         slot = self._slot(key)
+        tier = event.tier
         if not event.token_ids:
             # No tokens: the engine can only be using our hashes.
-            self.store(key, event.block_hashes)
+            self.store(key, event.block_hashes, tier)
             return
         if event.block_size != self.block_size:
             log.warning(
@@ -134,7 +153,7 @@ class KvIndex:
         if slot.native is None:
             slot.native = self._hashes_like_ours(event)
         if slot.native:
-            self.store(key, event.block_hashes)
+            self.store(key, event.block_hashes, tier)
             return
         parent = None
         if event.parent_hash is not None:
@@ -147,7 +166,7 @@ class KvIndex:
             event.token_ids, self.block_size, parent=parent, lora_name=event.lora_name
         )
         slot.foreign.update(zip(event.block_hashes, ours, strict=False))
-        self.store(key, ours)
+        self.store(key, ours, tier)
 
     def _hashes_like_ours(self, event: BlockStored) -> bool:
         first = event.token_ids[: self.block_size]
@@ -158,14 +177,15 @@ class KvIndex:
         )
         return ours[0] == event.block_hashes[0]
 
-    def remove(self, key: WorkerKey, hashes: Iterable[int]) -> None:
-        """Record that `key` no longer holds these (our) sequence hashes."""
+    def remove(self, key: WorkerKey, hashes: Iterable[int], tier: str = "gpu") -> None:
+        """Record that `key` no longer holds these (our) sequence hashes in `tier`."""
         slot = self._slots.get(key)
         if slot is None:
             return
         keep = ~slot.bit
-        owners = self._owners
-        blocks = slot.blocks
+        owners, blocks = self._tier_maps(slot, tier)
+        if owners is None:
+            return
         for h in hashes:
             if h in blocks:
                 blocks.discard(h)
@@ -175,14 +195,15 @@ class KvIndex:
                 else:
                     del owners[h]
 
-    def remove_event(self, key: WorkerKey, engine_hashes: Sequence[int]) -> None:
+    def remove_event(self, key: WorkerKey, engine_hashes: Sequence[int], tier: str = "gpu") -> None:
         slot = self._slots.get(key)
         if slot is None:
             return
         if slot.native is False:
-            pop = slot.foreign.pop
-            engine_hashes = [o for o in (pop(h, None) for h in engine_hashes) if o is not None]
-        self.remove(key, engine_hashes)
+            # The GPU tier's removal ends the mapping; a lower tier's leaves it for the others.
+            find = slot.foreign.pop if tier == "gpu" else slot.foreign.get
+            engine_hashes = [o for o in (find(h, None) for h in engine_hashes) if o is not None]
+        self.remove(key, engine_hashes, tier)
 
     def clear(self, key: WorkerKey) -> None:
         """Drop every block of `key` (AllCleared, or before a full resync)."""
@@ -190,6 +211,8 @@ class KvIndex:
         if slot is None:
             return
         self.remove(key, list(slot.blocks))
+        for tier in LOWER_TIERS:
+            self.remove(key, list(slot.lower[tier]), tier)
         slot.foreign.clear()
 
     def remove_worker(self, worker_id: int) -> None:
@@ -233,6 +256,37 @@ class KvIndex:
             pos = end
         self._record(alive, n, depths)
         return depths
+
+    def has_lower_tiers(self) -> bool:
+        return any(self._lower.values())
+
+    def find_weighted(
+        self, hashes: Sequence[int], weights: Mapping[str, float]
+    ) -> dict[WorkerKey, float]:
+        """Like `find_matches`, with the prefix continuing through lower tiers: each
+        leading block counts 1 on the GPU, `weights["host"]` in host memory and
+        `weights["disk"]` on disk (its best tier), up to the first block held nowhere."""
+        if not self.has_lower_tiers():
+            return dict(self.find_matches(hashes))
+        gpu, host, disk = self._owners.get, self._lower["host"].get, self._lower["disk"].get
+        wh, wd = weights.get("host", 0.0), weights.get("disk", 0.0)
+        scores: dict[int, float] = {}
+        alive = -1
+        for h in hashes:
+            mg, mh, md = gpu(h, 0), host(h, 0), disk(h, 0)
+            alive &= mg | mh | md
+            if not alive:
+                break
+            for mask, w in (
+                (alive & mg, 1.0),
+                (alive & mh & ~mg, wh),
+                (alive & md & ~mg & ~mh, wd),
+            ):
+                while mask:
+                    low = mask & -mask
+                    scores[low] = scores.get(low, 0.0) + w
+                    mask ^= low
+        return {self._by_bit[low.bit_length() - 1]: v for low, v in scores.items()}
 
     def _walk(
         self, hashes: Sequence[int], alive: int, depths: dict[WorkerKey, int]

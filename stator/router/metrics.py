@@ -67,6 +67,25 @@ class RouterMetrics:
             ["model", "kind"],
             registry=registry,
         )
+        self.disagg_requests = Counter(
+            "stator_router_disagg_requests_total",
+            "Where each request's prompt was computed (path: remote = a prefill worker, "
+            "local = the decode worker, rejected = 503 under --enforce-disagg) and why",
+            ["model", "path", "reason"],
+            registry=registry,
+        )
+        self.prefill_workers = Gauge(
+            "stator_router_prefill_workers",
+            "Live prefill workers of the model (0: aggregated serving)",
+            ["model"],
+            registry=registry,
+        )
+        self.prefill_queue_tokens = Gauge(
+            "stator_router_prefill_queue_tokens",
+            "Prompt tokens queued on the least loaded prefill worker at the last decision",
+            ["model"],
+            registry=registry,
+        )
         self.kv_events = Counter(
             "stator_router_kv_events_total", "KV events applied to the index", registry=registry
         )

@@ -38,12 +38,18 @@ def continuation(request: EngineRequest, generated: list[int]) -> EngineRequest:
     if routing is not None and routing.target_worker_id is not None:
         # The named worker is the one that failed.
         routing = msgspec.structs.replace(routing, target_worker_id=None)
+    disagg = request.disagg
+    if disagg is not None and disagg.prefill_worker_id is not None:
+        # A decode request's KV was pulled (and released) by the worker that failed:
+        # the continuation computes its prompt where it lands.
+        disagg = None
     return msgspec.structs.replace(
         request,
         token_ids=list(request.token_ids) + generated,
         stop=new_stop,
         sampling=sampling,
         routing=routing,
+        disagg=disagg,
     )
 
 

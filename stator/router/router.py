@@ -79,6 +79,8 @@ class Router:
         self.ranks = max(1, card.data_parallel_size)
         self.rng = random.Random(config.router_seed)
         self.metrics = router_metrics(registry)
+        # Present from the start (0), so that dashboards show an empty queue, not no data.
+        self.metrics.queue_length.labels(card.name).set(0)
         self.load = LoadTracker(default_total_blocks=card.total_kv_blocks)
         self.thresholds = config.busy_thresholds()
         self.queue = AdmissionQueue(config.router_queue_size, config.router_queue_policy)
@@ -209,7 +211,7 @@ class Router:
         self._record_decision(request, key, overlap, hashes, started)
         booking = f"{request.request_id}#{next(self._ids)}"
         prompt = prompt_length(request)
-        prefill = max(0, prompt - overlap * self.block_size)
+        prefill = max(0, round(prompt - overlap * self.block_size))
         blocks = math.ceil(prompt / self.block_size)
         self.load.add(booking, key, prefill, blocks, hashes)
         if self.replicas is not None:
@@ -305,8 +307,9 @@ class Router:
 
     def _choose(
         self, request: EngineRequest, keys: list[WorkerKey], hashes: list[int]
-    ) -> tuple[WorkerKey, int]:
-        """(chosen candidate among `keys`, prompt blocks cached there)."""
+    ) -> tuple[WorkerKey, float]:
+        """(chosen candidate among `keys`, prompt blocks cached there; a block in a lower
+        tier counts as a fraction)."""
         if self.mode != "kv":
             if len(keys) == 1:
                 return keys[0], 0
@@ -315,7 +318,11 @@ class Router:
             weight, size, load = self._weight(request), self.block_size, self.load.load
             return policy.select(keys, lambda k: load(k).load_blocks(weight, size)), 0
         if self.index is not None:
-            matches = self.index.find_matches(hashes)
+            tiers = {
+                "host": self.config.kv_host_overlap_weight,
+                "disk": self.config.kv_disk_overlap_weight,
+            }
+            matches = self.index.find_weighted(hashes, tiers)
             tree_size = self.index.tree_size
         else:
             assert self.approx is not None
@@ -357,7 +364,7 @@ class Router:
         self,
         request: EngineRequest,
         key: WorkerKey,
-        overlap: int,
+        overlap: float,
         hashes: list[int],
         started: float,
     ) -> None:
@@ -369,7 +376,7 @@ class Router:
             if hashes:
                 self.metrics.predicted_hit_rate.labels(model).observe(overlap / len(hashes))
         log.debug(
-            "request %s -> worker %x rank %d (%d cached blocks)",
+            "request %s -> worker %x rank %d (%.4g cached blocks)",
             request.request_id,
             key[0],
             key[1],

@@ -51,6 +51,10 @@ def as_endpoint(name: str | EndpointName) -> EndpointName:
     return name if isinstance(name, EndpointName) else EndpointName.parse(name)
 
 
+# Prefill workers of disaggregated serving register under this component (`ns.prefill.
+# generate`), so a frontend finds them apart from the model's decode workers.
+PREFILL_COMPONENT = "prefill"
+
 INSTANCES_ROOT = "v1/instances/"
 MODELS_ROOT = "v1/models/"
 EVENT_CHANNELS_ROOT = "v1/event_channels/"

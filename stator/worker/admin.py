@@ -36,6 +36,7 @@ class AdminOps:
         self.ops: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "clear_kv": self._clear_kv,
             "kv_state": self._kv_state,
+            "kv_release": self._kv_release,
             "load_lora": self._load_lora,
             "unload_lora": self._unload_lora,
             "list_loras": self._list_loras,
@@ -68,6 +69,9 @@ class AdminOps:
 
     async def _kv_state(self, args: dict[str, Any]) -> Any:
         return self.engine.kv_state()
+
+    async def _kv_release(self, args: dict[str, Any]) -> bool:
+        return await self.engine.release_kv(_required_str(args, "id"))
 
     async def _load_lora(self, args: dict[str, Any]) -> Any:
         name, path = _required_str(args, "name"), _required_str(args, "path")

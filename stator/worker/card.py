@@ -54,6 +54,8 @@ def build_card(
 ) -> ModelCard:
     """The card to publish: the engine's own, with the operator's settings on top."""
     changes: dict = {"name": served_name, "migration_limit": config.migration_limit}
+    if config.role != "aggregated":
+        changes["role"] = config.role
     if config.reasoning_parser is not None:
         changes["reasoning_parser"] = config.reasoning_parser
     if config.tool_call_parser is not None:

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stator.config import option
-from stator.runtime.names import EndpointName
+from stator.runtime.names import PREFILL_COMPONENT, EndpointName
 
 DEFAULT_COMPONENT = "backend"
 DEFAULT_ENDPOINT = "generate"
+ROLES = ["aggregated", "prefill", "decode"]
+KV_TRANSFERS = ["auto", "local", "ipc", "tcp", "nixl"]
 
 
 @dataclass
@@ -28,6 +30,28 @@ class WorkerConfig:
         None,
         "Endpoint to serve: namespace.component.endpoint, or component.endpoint inside "
         "--namespace; unset: NAMESPACE.backend.generate",
+    )
+    role: str = option(
+        "aggregated",
+        "Serve whole requests, or only the prefill / decode half of disaggregated serving "
+        "(prefill workers register under NAMESPACE.prefill.generate)",
+        choices=ROLES,
+    )
+    kv_transfer: str = option(
+        "auto",
+        "How KV moves between prefill and decode workers: auto (CUDA IPC between GPU "
+        "processes of one host, else TCP), local (one process), ipc, tcp, nixl",
+        choices=KV_TRANSFERS,
+    )
+    kv_transfer_host: str = option(
+        "",
+        "Address the KV transfer server of a prefill worker binds and publishes "
+        "(empty: the runtime's --host)",
+    )
+    kv_transfer_timeout: float = option(
+        30.0,
+        "Prefill role: seconds a prompt's KV stays pinned for the decode side before it is "
+        "released unasked",
     )
     reasoning_parser: str | None = option(None, "Reasoning parser the frontend should apply")
     tool_call_parser: str | None = option(None, "Tool-call parser the frontend should apply")
@@ -62,7 +86,8 @@ class WorkerConfig:
         """The endpoint to serve. A bare `component.endpoint` joins `namespace`, so that
         `--namespace` alone moves the worker to another namespace."""
         if not self.endpoint:
-            return EndpointName(namespace, DEFAULT_COMPONENT, DEFAULT_ENDPOINT)
+            component = PREFILL_COMPONENT if self.role == "prefill" else DEFAULT_COMPONENT
+            return EndpointName(namespace, component, DEFAULT_ENDPOINT)
         if self.endpoint.count(".") == 1:
             return EndpointName.parse(f"{namespace}.{self.endpoint}")
         return EndpointName.parse(self.endpoint)

@@ -25,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from stator.engines.base import Engine, EngineDead
+from stator.kv.transfer import TransferConfig
 from stator.logs import request_id_var
 from stator.protocols import (
     AdminRequest,
@@ -92,6 +93,13 @@ class WorkerHost:
 
     async def start(self) -> None:
         self.engine.worker_id = self.runtime.instance_id
+        if self.config.role != "aggregated" or self.engine.role == "aggregated":
+            self.engine.role = self.config.role  # type: ignore[assignment]
+        self.engine.kv_transfer = TransferConfig(
+            kind=self.config.kv_transfer,
+            host=self.config.kv_transfer_host or self.runtime.config.host,
+            timeout=self.config.kv_transfer_timeout,
+        )
         began = time.monotonic()
         await self.engine.start()
         load_seconds = time.monotonic() - began
@@ -120,10 +128,11 @@ class WorkerHost:
             self.status = StatusServer(self, self.runtime.config.host, self.config.system_port)
             await self.status.start()
         log.info(
-            "serving model %r at %s (instance %x), engine started in %.1fs",
+            "serving model %r at %s (instance %x, role %s), engine started in %.1fs",
             self.card.name,
             self.endpoint,
             self.runtime.instance_id,
+            self.card.role,
             load_seconds,
         )
 

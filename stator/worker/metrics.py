@@ -10,10 +10,14 @@ import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from stator.protocols import LoadReport
+
+# The key of `Engine.metrics()` that becomes the `stator_worker_preemptions_total` counter
+# (a count since the engine started), the same for every engine.
+PREEMPTIONS = "preemptions_total"
 
 
 class _LoadCollector(Collector):
@@ -60,7 +64,18 @@ class _LoadCollector(Collector):
             fams["waiting"].add_metric(labels, r.num_waiting)
             fams["running"].add_metric(labels, r.num_running)
         yield from fams.values()
+        preemptions = extra.get(PREEMPTIONS)
+        if isinstance(preemptions, int | float):
+            fam = CounterMetricFamily(
+                "stator_worker_preemptions",
+                "Running requests the engine preempted (KV freed, recomputed later)",
+                labels=["model"],
+            )
+            fam.add_metric([self.model], float(preemptions))
+            yield fam
         for name, value in sorted(extra.items()):
+            if name == PREEMPTIONS:
+                continue
             if isinstance(value, int | float):
                 fam = GaugeMetricFamily(
                     f"stator_worker_engine_{name}", f"Engine gauge {name}", labels=["model"]

@@ -74,3 +74,12 @@ def test_an_alias_another_flag_holds_is_left_out():
     add_flags(parser, B)
     args = parser.parse_args(["--host", "x", "--http-host", "y"])
     assert (args.host, args.http_host) == ("x", "y")
+
+
+def test_list_flags_accumulate_and_secrets_stay_out_of_help():
+    parser = argparse.ArgumentParser()
+    add_flags(parser, FrontendConfig, env={"STATOR_API_KEY": "from-env"})
+    assert "from-env" not in parser.format_help()
+    assert parser.parse_args([]).api_key == ["from-env"]
+    args = parser.parse_args(["--api-key", "a,b", "--api-key", "c"])
+    assert args.api_key == ["a", "b", "c"]

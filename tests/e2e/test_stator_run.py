@@ -117,3 +117,23 @@ def test_sigterm_lets_an_inflight_stream_finish_then_exits_0(fleet):
             assert chunk.choices[0].finish_reason == "length"
     assert len(pieces) >= 20  # the stream ran to its end after the signal
     assert proc.wait(60) == 0
+
+
+def test_disagg_run_serves_through_prefill_and_decode_workers(fleet):
+    import httpx
+
+    proc, url = start_run(
+        fleet,
+        "--engine", "mocker", "--speedup-ratio", "0", "--disagg",
+        "--prefill-workers", "1", "--decode-workers", "2", "--disagg-min-prefill-tokens", "8",
+    )  # fmt: skip
+    assert "1 prefill + 2 decode workers" in proc.output()
+    client = openai.OpenAI(base_url=url, api_key="none")
+    out = client.completions.create(
+        model="tiny-chat", prompt="one two three four five six seven eight nine ten", max_tokens=6
+    )
+    assert out.usage.completion_tokens == 6
+    metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
+    assert 'stator_router_disagg_requests_total{model="tiny-chat",path="remote"' in metrics
+    proc.signal(2)
+    assert proc.wait(30) == 0

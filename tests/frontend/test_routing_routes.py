@@ -72,8 +72,17 @@ async def test_busy_threshold_get_and_set(fleet):
     )
     assert bad.status_code == 400 and "error" in bad.json()
     assert (await http.post("/busy_threshold", json={"model": "x"})).status_code == 404
-    malformed = await http.post("/busy_threshold", content=b"{nope")
+    malformed = await http.post(
+        "/busy_threshold", content=b"{nope", headers={"content-type": "application/json"}
+    )
     assert malformed.status_code == 400
+    # A cross-site "simple" request (text/plain, another Origin) changes nothing.
+    plain = await http.post("/busy_threshold", content=b'{"model": "m"}')
+    assert plain.status_code == 415
+    cross = await http.post(
+        "/busy_threshold", json={"model": "m"}, headers={"origin": "https://evil.example"}
+    )
+    assert cross.status_code == 403 and cross.json()["error"]["code"] == "cross_origin_refused"
 
 
 async def test_worker_header_pins_the_worker(fleet):

@@ -73,12 +73,14 @@ class FakeWorker:
         self.state_calls += 1
         yield AdminResponse(result=self.state)
 
-    async def publish_stored(self, hashes: list[int], event_id: int | None = None) -> None:
+    async def publish_stored(
+        self, hashes: list[int], event_id: int | None = None, tier: str = "gpu"
+    ) -> None:
         self.event_id = self.event_id + 1 if event_id is None else event_id
         event = KvEvent(
             worker_id=self.id,
             event_id=self.event_id,
-            data=BlockStored(block_hashes=hashes, block_size=BS),
+            data=BlockStored(block_hashes=hashes, block_size=BS, tier=tier),
         )
         await self.runtime.publish("kv_events", KvEventBatch(events=[event]))
 

@@ -14,12 +14,15 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from stator.engines.base import Engine, EngineDead, EngineError
 from stator.engines.mocker.block_manager import BlockManager
 from stator.engines.mocker.config import MockerConfig
 from stator.engines.mocker.output import TokenPlan
 from stator.engines.mocker.scheduler import Scheduler, Sequence
 from stator.engines.mocker.timing import PolynomialTiming, ProfileTiming, StepShape, StepTimer
+from stator.kv.hashing import block_hashes
 from stator.protocols import (
     DisaggParams,
     EngineOutput,
@@ -96,6 +99,7 @@ class MockerEngine(Engine):
         config.validate()
         self.config = config
         self.card = card
+        self.role = config.role  # type: ignore[assignment]
         self.vocab_size = vocab_size
         self.kv_bytes_per_token = kv_bytes_per_token
         model = ProfileTiming.from_file(config.profile) if config.profile else PolynomialTiming()
@@ -105,6 +109,8 @@ class MockerEngine(Engine):
             decode_speedup_ratio=config.decode_speedup_ratio,
             prefill_only=config.role == "prefill",
         )
+        self.transferred_tokens = 0
+        self.num_transfers = 0
         self.ranks = [
             _Rank(
                 i,
@@ -134,6 +140,8 @@ class MockerEngine(Engine):
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
+        # The worker host may have set the role after construction.
+        self.timer.prefill_only = self.role == "prefill"
         if self.config.startup_time > 0:
             await asyncio.sleep(self.config.startup_time)
         for rank in self.ranks:
@@ -185,7 +193,7 @@ class MockerEngine(Engine):
             max_tokens = context - n
         elif max_tokens < 1:
             raise EngineError(f"max_tokens must be at least 1, got {max_tokens}")
-        if self.config.role == "prefill":
+        if self.role == "prefill":
             max_tokens = 1
         budget = self.config.max_num_batched_tokens
         if not self.config.enable_chunked_prefill and n + max_tokens > budget:
@@ -218,13 +226,20 @@ class MockerEngine(Engine):
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         max_tokens = self._validate(request)
         num_remote = 0
-        if self.config.role == "decode" and request.disagg is not None:
+        rank = self._pick_rank(request)
+        if self.role == "decode" and request.disagg is not None:
             num_remote = request.disagg.num_prompt_tokens or len(request.token_ids)
             num_remote = min(num_remote, len(request.token_ids))
-            delay = self.transfer_seconds(num_remote)
+            # Only the blocks this worker does not already cache cross the link.
+            bs = self.config.block_size
+            hashes = block_hashes(request.token_ids[: num_remote // bs * bs], bs)
+            hits, _ = rank.blocks.match_prefix(hashes)
+            missing = max(0, num_remote - hits * bs)
+            self.transferred_tokens += missing
+            self.num_transfers += 1
+            delay = self.transfer_seconds(missing)
             if delay > 0:
                 await asyncio.sleep(delay)
-        rank = self._pick_rank(request)
         seq = Sequence(
             request.request_id,
             list(request.token_ids),
@@ -326,7 +341,7 @@ class MockerEngine(Engine):
             stream.finish_reason = reason
             if reason == "stop":
                 stream.stop_token_id = token
-            if self.config.role == "prefill":
+            if self.role == "prefill":
                 stream.disagg = self._disagg_params(rank, seq)
         stream.ready.set()
 
@@ -337,6 +352,9 @@ class MockerEngine(Engine):
             remote_block_ids=seq.block_hashes[: n // self.config.block_size],
             num_prompt_tokens=n,
             transfer={"dp_rank": rank.index, "kv_bytes": n * self.kv_bytes_per_token},
+            # The mocker keeps nothing pinned: its blocks stay in the prefix cache.
+            prefill_request_id=seq.request_id,
+            block_size=self.config.block_size,
         )
 
     def _publish(self, rank: _Rank) -> None:
@@ -350,6 +368,8 @@ class MockerEngine(Engine):
     # -- state for the worker host --------------------------------------------------
 
     def model_card(self) -> ModelCard:
+        if self.card.role != self.role:
+            self.card = msgspec.structs.replace(self.card, role=self.role)
         return self.card
 
     def load(self) -> list[LoadReport]:
@@ -382,6 +402,9 @@ class MockerEngine(Engine):
         return {
             "mocker_requests_total": self.num_requests,
             "mocker_preemptions_total": sum(r.scheduler.num_preemptions for r in self.ranks),
+            "preemptions_total": sum(r.scheduler.num_preemptions for r in self.ranks),
             "mocker_cached_blocks": sum(r.blocks.num_cached_blocks for r in self.ranks),
             "mocker_active_blocks": sum(r.blocks.num_active_blocks for r in self.ranks),
+            "kv_transfers_total": self.num_transfers,
+            "kv_transfer_bytes_total": self.transferred_tokens * self.kv_bytes_per_token,
         }

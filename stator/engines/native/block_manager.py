@@ -5,6 +5,12 @@ Free blocks sit in an LRU queue. A freed block keeps its cached KV until the que
 it again, so a later request with the same prefix can take it back (a cache hit); reusing
 it for other tokens evicts it (a `BlockRemoved` event). Only full blocks are hashed, with
 `stator.kv.hashing`, so the router's index means the same thing as this cache.
+
+With lower tiers (`offload`, `stator.kv.offload`), evicted cached blocks are listed in
+`evicted` for the engine to save, and `admit` extends a prompt's GPU hit with the blocks a
+lower tier holds when loading them beats recomputing: they get fresh blocks, counted as
+computed, listed in `loads` for the engine to copy back, and held by one extra reference
+until that copy is done (`release`), so nothing can reuse them while it runs.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from collections import OrderedDict
 
 from stator.engines.native.request import Sequence
 from stator.kv.hashing import block_hashes
+from stator.kv.offload import EvictedBlock, OffloadManager
 from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEventData
 
 
@@ -42,6 +49,9 @@ class BlockManager:
         self._cached: dict[int, int] = {}  # sequence hash -> block id
         self._events: list[KvEvent] = []
         self._next_event_id = 0
+        self.offload: OffloadManager | None = None
+        self.evicted: list[EvictedBlock] = []  # since the engine last took them
+        self.loads: list[tuple[list[int], list[int]]] = []  # (hashes, block ids) to copy in
 
     # -- sizes ---------------------------------------------------------------------------
 
@@ -75,7 +85,10 @@ class BlockManager:
                 if block_id is None:
                     break
                 hits.append(block_id)
-        cached_tokens = len(hits) * self.block_size
+            lower = self._lower_hits(seq.block_hashes[len(hits) : limit])
+        else:
+            lower = []
+        cached_tokens = (len(hits) + len(lower)) * self.block_size
         num_new_tokens = min(num_new_tokens, seq.num_tokens - cached_tokens)
         need = self.blocks_for(cached_tokens + num_new_tokens) - len(hits)
         reusable = sum(1 for b in hits if self.blocks[b].ref_count == 0)
@@ -84,8 +97,10 @@ class BlockManager:
         for block_id in hits:
             self._acquire(block_id)
         seq.block_ids = hits + [self._allocate() for _ in range(need)]
+        if lower:
+            self._queue_load(seq, len(hits), lower)
         seq.num_computed_tokens = cached_tokens
-        seq.num_committed_blocks = len(hits)
+        seq.num_committed_blocks = len(hits) + len(lower)
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = cached_tokens
         return True
@@ -154,6 +169,61 @@ class BlockManager:
             )
         seq.num_committed_blocks = full
 
+    def release(self, block_ids: list[int]) -> None:
+        """The copies into these blocks are done: drop the loads' references."""
+        for block_id in block_ids:
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+
+    def _lower_hits(self, hashes: list[int]) -> list[int]:
+        """The leading `hashes` worth loading from a lower tier."""
+        if self.offload is None or not hashes:
+            return []
+        n, disk_only = self.offload.match(hashes)
+        if n and self.offload.should_load(n, disk_only):
+            return hashes[:n]
+        return []
+
+    def _queue_load(self, seq: Sequence, first: int, hashes: list[int]) -> None:
+        """Blocks first.. of `seq` will receive `hashes` from a lower tier: cache them now
+        (other prompts may share them at once) and hold them until the copy is done."""
+        ids = seq.block_ids[first : first + len(hashes)]
+        stored: list[int] = []
+        for i, (h, block_id) in enumerate(zip(hashes, ids, strict=True)):
+            block = self.blocks[block_id]
+            block.ref_count += 1  # the load's reference
+            index = first + i
+            if h in self._cached:
+                continue  # a copy already cached elsewhere (a hole in the GPU prefix)
+            block.hash = h
+            block.parent_hash = seq.block_hashes[index - 1] if index else None
+            block.lora_name = seq.lora_name
+            bs = self.block_size
+            block.token_ids = seq.token_ids[index * bs : (index + 1) * bs]
+            self._cached[h] = block_id
+            stored.append(h)
+        if stored:
+            self._emit_chain(stored)
+        self.loads.append((list(hashes), list(ids)))
+        seq.loading = True
+
+    def _emit_chain(self, hashes: list[int]) -> None:
+        tokens: list[int] = []
+        for h in hashes:
+            tokens.extend(self.blocks[self._cached[h]].token_ids)
+        first = self.blocks[self._cached[hashes[0]]]
+        self._emit(
+            BlockStored(
+                block_hashes=hashes,
+                parent_hash=first.parent_hash,
+                token_ids=tokens,
+                block_size=self.block_size,
+                lora_name=first.lora_name,
+            )
+        )
+
     # -- cache-wide operations -----------------------------------------------------------
 
     def clear(self) -> None:
@@ -161,6 +231,9 @@ class BlockManager:
         for block in self.blocks:
             block.hash, block.parent_hash, block.token_ids = None, None, []
         self._cached.clear()
+        self.evicted.clear()
+        if self.offload is not None:
+            self.offload.clear()
         self._emit(AllCleared())
 
     def drain_events(self) -> list[KvEvent]:
@@ -190,6 +263,9 @@ class BlockManager:
                     block_size=self.block_size,
                     lora_name=block.lora_name,
                 )
+                out.append(KvEvent(worker_id=self.worker_id, event_id=last, data=data))
+        if self.offload is not None:
+            for data in self.offload.kv_state():
                 out.append(KvEvent(worker_id=self.worker_id, event_id=last, data=data))
         return out
 
@@ -227,9 +303,23 @@ class BlockManager:
             if self._cached.get(block.hash) == block_id:
                 del self._cached[block.hash]
                 self._emit(BlockRemoved(block_hashes=[block.hash]))
+                if self.offload is not None:
+                    self.evicted.append(
+                        EvictedBlock(
+                            block.hash,
+                            block.parent_hash,
+                            tuple(block.token_ids),
+                            block_id,
+                            block.lora_name,
+                        )
+                    )
             block.hash, block.parent_hash, block.token_ids = None, None, []
         block.ref_count = 1
         return block_id
+
+    def emit(self, data: KvEventData) -> None:
+        """Publish an event of a lower tier in this cache's event sequence."""
+        self._emit(data)
 
     def _emit(self, data: KvEventData) -> None:
         self._events.append(

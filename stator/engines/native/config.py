@@ -84,6 +84,23 @@ class NativeConfig:
         "(benchmarks without a checkpoint)",
         choices=["auto", "dummy"],
     )
+    cpu_offload_gb: float = option(
+        0.0,
+        "GiB of pinned host memory for KV blocks evicted from the GPU cache, loaded back "
+        "instead of recomputed when a prompt needs them again (0 = no host tier)",
+    )
+    disk_offload_dir: str = option(
+        "",
+        "Directory of a disk tier below the host tier (blocks leaving host memory are "
+        "written there; kept across restarts of the same model)",
+    )
+    disk_offload_gb: float = option(0.0, "GiB the disk tier may use in --disk-offload-dir")
+    kv_load_policy: str = option(
+        "auto",
+        "Lower-tier hits: auto = load when the measured copy is faster than recomputing, "
+        "always, never",
+        choices=["auto", "always", "never"],
+    )
     tensor_parallel_size: int = option(
         1,
         "GPUs (or CPU processes) one model is split over, Megatron style; ranks 1..N-1 run "

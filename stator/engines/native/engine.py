@@ -328,10 +328,14 @@ class NativeEngine(Engine):
         core = self.core
         if core is None:
             return {}
-        return {
+        out: dict[str, Any] = {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
+            "preemptions_total": core.scheduler.num_preemptions,
         }
+        if core.offload is not None:
+            out.update(core.offload.metrics())
+        return out
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -8,6 +8,9 @@ runs one step ahead of the host (`overlap.py`); outputs then arrive one step lat
 
 from __future__ import annotations
 
+import hashlib
+import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +34,8 @@ from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler, gather_logprobs
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
 from stator.engines.native.tp_runner import make_runner
+from stator.kv.offload import OffloadManager
+from stator.kv.offload.manager import GiB
 from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
 
@@ -71,6 +76,8 @@ class EngineCore:
             prefix_caching=config.enable_prefix_caching,
             worker_id=worker_id,
         )
+        self.offload = self._make_offload(model_dir)
+        self.blocks.offload = self.offload
         self.scheduler = Scheduler(
             self.blocks,
             max_num_seqs=config.max_num_seqs,
@@ -86,6 +93,31 @@ class EngineCore:
         self.overlap = mode == "on" or (mode == "auto" and self.runner.device.type == "cuda")
         self._pending: PendingStep | None = None  # a launched step not yet read back
         self.adapters: dict[str, LoraAdapter] = {}  # loaded LoRA adapters by name
+
+    def _make_offload(self, model_dir: str | Path) -> OffloadManager | None:
+        cfg = self.config
+        if cfg.cpu_offload_gb <= 0 and not cfg.disk_offload_dir:
+            return None
+        if cfg.tensor_parallel_size > 1:
+            raise ValueError(
+                "KV offload (--cpu-offload-gb) does not support tensor parallelism yet"
+            )
+        if not cfg.enable_prefix_caching:
+            raise ValueError("KV offload needs prefix caching (blocks are found by their hash)")
+        if cfg.disk_offload_dir and cfg.disk_offload_gb <= 0:
+            raise ValueError("--disk-offload-dir needs --disk-offload-gb")
+        pool = self.runner.kv_pool
+        assert pool is not None
+        return OffloadManager(
+            pool,
+            block_size=cfg.block_size,
+            host_bytes=int(cfg.cpu_offload_gb * GiB),
+            disk_dir=cfg.disk_offload_dir or None,
+            disk_bytes=int(cfg.disk_offload_gb * GiB),
+            policy=cfg.kv_load_policy,
+            layout_id=_layout_id(self.spec, Path(model_dir), cfg.load_format),
+            emit=self.blocks.emit,
+        )
 
     # -- requests ------------------------------------------------------------------------
 
@@ -175,7 +207,10 @@ class EngineCore:
         return True
 
     def close(self) -> None:
-        """Stop what the engine started besides this thread (tensor-parallel ranks)."""
+        """Stop what the engine started besides this thread (tensor-parallel ranks, the
+        disk tier's writer) and give back the pinned host tier."""
+        if self.offload is not None:
+            self.offload.close()
         self.runner.close()
 
     def has_work(self) -> bool:
@@ -210,12 +245,33 @@ class EngineCore:
         while this one runs on the device); a call with nothing left to schedule returns
         the last pending ones."""
         batch = self.scheduler.schedule()
+        if self.offload is not None:
+            self._move_blocks()
         pending, self._pending = self._pending, None
         if not batch:
             return self._resolve(pending) if pending is not None else []
         news = batch.num_new_tokens
+        started = time.perf_counter()
         with self.runner.step_scope(max(news) == 1, sum(news)), torch.inference_mode():
-            return self._run(batch, pending)
+            outputs = self._run(batch, pending)
+        if self.offload is not None and max(news) > 1:
+            self.offload.observe_prefill(sum(news), time.perf_counter() - started)
+        return outputs
+
+    def _move_blocks(self) -> None:
+        """Between scheduling and the step's kernels: save what the GPU tier evicted
+        (before the step overwrites it), start the loads admission asked for, and give
+        back the blocks of loads that have finished."""
+        offload, blocks = self.offload, self.blocks
+        assert offload is not None
+        with torch.inference_mode():
+            if blocks.evicted:
+                offload.save(blocks.evicted)
+                blocks.evicted = []
+            for hashes, block_ids in blocks.loads:
+                blocks.release(offload.load(hashes, block_ids))
+            blocks.loads = []
+            blocks.release(offload.poll())
 
     def _run(
         self, batch: ScheduledBatch, pending: PendingStep | None
@@ -245,6 +301,8 @@ class EngineCore:
         dst, src = placeholder_rows(batch.seqs, batch.num_new_tokens, pending)
         if dst and pending is not None:
             patch_inputs(inputs.input_ids, pending, dst, src)
+        if self.offload is not None:
+            self.offload.wait_for(b for seq in batch.seqs for b in seq.block_ids)
         logits = self.runner.execute(inputs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
@@ -365,3 +423,14 @@ class EngineCore:
 
     def clear_kv(self) -> None:
         self.blocks.clear()
+
+
+def _layout_id(spec: ModelSpec, model_dir: Path, load_format: str) -> str:
+    """Names the model whose KV a disk tier holds: its config and weights' files (names,
+    sizes, times), so a tier is never read back into another model."""
+    digest = hashlib.sha256(json.dumps(spec.raw, sort_keys=True).encode())
+    digest.update(load_format.encode())
+    for f in sorted(model_dir.glob("*.safetensors")):
+        st = f.stat()
+        digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]

@@ -64,6 +64,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks
     num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_cached_tokens: int | None = None  # prefix-cache hit at first admission
+    loading: bool = False  # blocks being copied in from a lower tier: compute next step
     generator: torch.Generator | None = None  # per-request RNG (seeded requests)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None

@@ -109,10 +109,15 @@ class Scheduler:
             if not self.blocks.admit(seq, n):
                 break
             self.waiting.popleft()
-            # The prefix cache may have covered part of the chunk.
-            n = min(n, seq.num_tokens - seq.num_computed_tokens)
             seq.status = Status.RUNNING
             self.running.append(seq)
+            if seq.loading:
+                # Part of its prefix is being copied in from a lower tier: it computes from
+                # the next step on, while this step's kernels overlap the copy.
+                seq.loading = False
+                continue
+            # The prefix cache may have covered part of the chunk.
+            n = min(n, seq.num_tokens - seq.num_computed_tokens)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n

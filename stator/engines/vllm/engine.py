@@ -289,7 +289,9 @@ class VllmEngine(Engine):
         ]
 
     def metrics(self) -> dict[str, Any]:
-        return vllm_samples()
+        samples: dict[str, Any] = vllm_samples()
+        samples["preemptions_total"] = samples.get("vllm_num_preemptions_total", 0.0)
+        return samples
 
     async def kv_events(self) -> AsyncIterator[list[KvEvent]]:
         """vLLM's KV events; raises EngineDead when the engine dies, so the worker host

@@ -29,6 +29,15 @@ def as_int_hash(value: bytes | int) -> int:
     return int.from_bytes(value, "big") & _MASK64
 
 
+_MEDIA = {"GPU": "gpu", "CPU": "host", "DISK": "disk"}
+
+
+def tier_of(event: object) -> str:
+    """vLLM's `medium` (set by its offloading connector: "GPU", "CPU", ...) as our tier."""
+    medium = getattr(event, "medium", None)
+    return _MEDIA.get(str(medium).upper(), str(medium).lower()) if medium else "gpu"
+
+
 def convert_event(event: object) -> KvEventData | None:
     """One vLLM event as stator event data (None for kinds stator has no use for)."""
     kind = type(event).__name__
@@ -40,9 +49,11 @@ def convert_event(event: object) -> KvEventData | None:
             token_ids=list(event.token_ids),  # type: ignore[attr-defined]
             block_size=event.block_size,  # type: ignore[attr-defined]
             lora_name=event.lora_name,  # type: ignore[attr-defined]
+            tier=tier_of(event),
         )
     if kind == "BlockRemoved":
-        return BlockRemoved(block_hashes=[as_int_hash(h) for h in event.block_hashes])  # type: ignore[attr-defined]
+        hashes = [as_int_hash(h) for h in event.block_hashes]  # type: ignore[attr-defined]
+        return BlockRemoved(block_hashes=hashes, tier=tier_of(event))
     if kind == "AllBlocksCleared":
         return AllCleared()
     return None

@@ -257,6 +257,8 @@ async def test_preemption_under_a_small_cache_still_completes_every_request(make
     results = await asyncio.gather(*[collect(engine, r) for r in reqs])
     assert [len(tokens_of(outs)) for outs in results] == [30] * 6
     assert engine.metrics()["mocker_preemptions_total"] > 0
+    # ... and as the worker's stator_worker_preemptions_total (stator.worker.metrics)
+    assert engine.metrics()["preemptions_total"] == engine.metrics()["mocker_preemptions_total"]
     assert engine.load()[0].active_kv_blocks == 0
 
 
