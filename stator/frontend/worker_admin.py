@@ -5,7 +5,9 @@
   (or drops) the adapter, which then appears in `/v1/models` under its own name. A load
   that fails on one worker is undone on the others, so no worker is left half-registered.
 - `POST /sleep?level=1`, `POST /wake_up[?tags=...]`, `GET /is_sleeping`: put the workers
-  of a model (`?model=`; default: every model) to sleep and wake them. A sleeping worker
+  of a model (`?model=`; default: every model) to sleep and wake them. The arguments may
+  also come as a JSON object, which the edge's guard (`security.py`) wants for a POST
+  outside /v1/ (`Content-Type: application/json`, e.g. `{}` or `{"level": 2}`). A sleeping worker
   leaves discovery, so this frontend remembers whom it put to sleep: it wakes them, and
   answers requests for a sleeping model with 503 instead of 404.
 
@@ -15,6 +17,7 @@ Each goes to the workers' admin endpoint (`stator.worker.admin`) as an `AdminReq
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -161,6 +164,24 @@ def install_worker_admin_routes(app: FastAPI, manager: ModelManager) -> WorkerAd
             )
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
+    async def arguments(request: Request) -> dict[str, Any]:
+        """vLLM's query parameters (`level`, `tags`, `model`), or the same as a JSON object
+        (the edge refuses a state-changing POST outside /v1/ without a JSON body, so
+        a cross-site form cannot put the fleet to sleep: `-d '{"level": 1}'`)."""
+        params: dict[str, Any] = dict(request.query_params)
+        if "tags" in request.query_params:
+            params["tags"] = request.query_params.getlist("tags")
+        raw = await request.body()
+        if raw.strip():
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise errors.bad_request("the body is not valid JSON") from None
+            if not isinstance(body, dict):
+                raise errors.bad_request("the body must be a JSON object")
+            params.update(body)
+        return params
+
     def models_named(model: str | None) -> list[ModelEntry]:
         if model is None:
             return [e for e in manager.models.values() if e.card.base_model is None]
@@ -168,14 +189,15 @@ def install_worker_admin_routes(app: FastAPI, manager: ModelManager) -> WorkerAd
 
     @app.post("/sleep")
     async def sleep(request: Request) -> Response:
+        params = await arguments(request)
         try:
-            level = int(request.query_params.get("level", "1"))
-        except ValueError:
+            level = int(params.get("level", 1))
+        except (TypeError, ValueError):
             raise errors.bad_request("level must be 1 or 2", param="level") from None
         if level not in (1, 2):
             raise errors.bad_request("level must be 1 or 2", param="level")
         async with admin._lock:
-            for entry in models_named(request.query_params.get("model")):
+            for entry in models_named(params.get("model")):
                 results = await admin.call_all(entry.endpoint, "sleep", {"level": level})
                 asleep = [wid for wid, r in results.items() if r.ok]
                 if asleep:
@@ -187,8 +209,11 @@ def install_worker_admin_routes(app: FastAPI, manager: ModelManager) -> WorkerAd
 
     @app.post("/wake_up")
     async def wake_up(request: Request) -> Response:
-        tags = request.query_params.getlist("tags") or None
-        model = request.query_params.get("model")
+        params = await arguments(request)
+        tags = params.get("tags") or None
+        if isinstance(tags, str):
+            tags = [tags]
+        model = params.get("model")
         async with admin._lock:
             names = [model] if model is not None else list(admin.sleeping)
             failed: list[str] = []

@@ -276,6 +276,9 @@ class NativeEngine(Engine):
             raise Unsupported("sleep mode is off: start the worker with --enable-sleep-mode")
         if self.config.tensor_parallel_size > 1:
             raise Unsupported("sleep mode does not work with tensor parallelism yet")
+        if self.config.cpu_offload_gb > 0 or self.config.disk_offload_dir:
+            # The offload tiers hold the KV pool that sleep frees and wake allocates anew.
+            raise Unsupported("sleep mode does not work with KV offload tiers yet")
 
     async def sleep(self, level: int = 1) -> None:
         """Level 1: weights to host memory, KV cache dropped; level 2: both dropped.

@@ -91,15 +91,18 @@ async def test_sleep_and_wake_over_http(stack):
     before = (await complete(client, "tiny", prompt=ids)).json()["choices"][0]["text"]
     assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
     for level in (1, 2):
-        assert (await client.post(f"/sleep?level={level}")).status_code == 200
+        # The edge wants a JSON body on state-changing POSTs outside /v1/; vLLM's query
+        # parameters still work beside it.
+        assert (await client.post(f"/sleep?level={level}", json={})).status_code == 200
         assert (await client.get("/is_sleeping")).json() == {"is_sleeping": True}
         asleep = await complete(client, "tiny", prompt=ids)
         assert asleep.status_code == 503 and "sleeping" in asleep.json()["error"]["message"]
-        assert (await client.post("/wake_up")).status_code == 200
+        assert (await client.post("/wake_up", json={"tags": None})).status_code == 200
         assert (await client.get("/is_sleeping")).json() == {"is_sleeping": False}
         after = await complete(client, "tiny", prompt=ids)
         assert after.json()["choices"][0]["text"] == before == expected_text(model_dir, hf, ids, 8)
-    assert (await client.post("/sleep?level=3")).status_code == 400
+    assert (await client.post("/sleep", json={"level": 3})).status_code == 400
+    assert (await client.post("/sleep?level=1")).status_code == 415  # no JSON: refused
 
 
 async def test_prompt_embeds_equal_the_token_ids(stack):
