@@ -85,6 +85,10 @@ class RoutingHints(msgspec.Struct, kw_only=True, omit_defaults=True):
     dp_rank: int | None = None
     # Per-request override of the router's prefill weight `w` in the cost function.
     overlap_weight: float | None = None
+    # The request's latency targets in ms (header or `nvext`); the global router picks a
+    # pool from them.
+    ttft_target_ms: float | None = None
+    itl_target_ms: float | None = None
 
 
 class EngineRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -128,6 +132,10 @@ class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int = 0
 
 
+# `EngineOutput.error_code` of a request the engine refused (an HTTP 400 at the edge).
+INVALID_REQUEST = "invalid_request"
+
+
 class EngineOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One delta of a generation stream. The last one carries `finish_reason`."""
 
@@ -139,6 +147,9 @@ class EngineOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The stop token that ended generation (visible or hidden), when one did.
     stop_token_id: int | None = None
     error: str | None = None
+    # With finish_reason "error": why, for the HTTP status. "invalid_request": the engine
+    # refused the request (its fault: 400); anything else, or none: the engine failed (500).
+    error_code: str | None = None
     # Prompt tokens served from the prefix cache; set on the first output.
     cached_tokens: int | None = None
     disagg: DisaggParams | None = None

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction) -> None:
     from stator.frontend.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.global_router import GlobalRouterConfig
     from stator.router import RouterConfig
     from stator.runtime import RuntimeConfig
 
@@ -34,12 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_flags(http, FrontendConfig)
     add_flags(processes, ApiServerConfig)
     add_flags(parser.add_argument_group("router"), RouterConfig)
+    add_flags(parser.add_argument_group("global router (pools)"), GlobalRouterConfig)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from stator.frontend.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.global_router import GlobalRouterConfig, load_config
     from stator.router import RouterConfig
     from stator.runtime import RuntimeConfig, run_main
 
@@ -47,19 +50,29 @@ def run(args: argparse.Namespace) -> int:
     runtime_config = from_args(RuntimeConfig, args)
     router_config = from_args(RouterConfig, args)
     servers = from_args(ApiServerConfig, args)
+    pools = from_args(GlobalRouterConfig, args)
     try:
         servers.validate()
+        if pools.global_router_config:
+            load_config(pools.global_router_config)  # a bad file fails here, once
     except ValueError as exc:
         log.error("%s", exc)
         return 2
     if servers.api_server_count == 1:
-        return run_main(lambda: _main(runtime_config, frontend_config, router_config))
+        return run_main(lambda: _main(runtime_config, frontend_config, router_config, pools))
     return _run_api_servers(
-        servers.api_server_count, args.log_level, runtime_config, frontend_config, router_config
+        servers.api_server_count,
+        args.log_level,
+        runtime_config,
+        frontend_config,
+        router_config,
+        pools,
     )
 
 
-def _run_api_servers(count, log_level, runtime_config, frontend_config, router_config) -> int:
+def _run_api_servers(
+    count, log_level, runtime_config, frontend_config, router_config, pools
+) -> int:
     from stator.frontend.api_servers import reuse_port_socket, run_api_servers
 
     host = frontend_config.http_host
@@ -78,7 +91,7 @@ def _run_api_servers(count, log_level, runtime_config, frontend_config, router_c
             router_config = dataclasses.replace(router_config, router_replica_sync=True)
         log.info("%d frontend processes serving http://%s:%d", count, host, port)
         return run_api_servers(
-            count, _serve_one, (log_level, runtime_config, frontend_config, router_config)
+            count, _serve_one, (log_level, runtime_config, frontend_config, router_config, pools)
         )
 
 
@@ -92,24 +105,35 @@ def _router_reads_load(config) -> bool:
     )
 
 
-def _serve_one(log_level, runtime_config, frontend_config, router_config) -> int:
+def _serve_one(log_level, runtime_config, frontend_config, router_config, pools) -> int:
     """One of the `--api-server-count` processes (a fresh interpreter)."""
     from stator.logs import setup_logging
     from stator.runtime import run_main
 
     setup_logging(log_level)
-    return run_main(lambda: _main(runtime_config, frontend_config, router_config, reuse_port=True))
+    return run_main(
+        lambda: _main(runtime_config, frontend_config, router_config, pools, reuse_port=True)
+    )
 
 
-async def _main(runtime_config, frontend_config, router_config, reuse_port=False) -> int:
+async def _main(runtime_config, frontend_config, router_config, pools, reuse_port=False) -> int:
     """Serve under the runtime's `Lifecycle`, as workers do: SIGTERM/SIGINT stop HTTP
     service gracefully (in-flight responses finish) and exit 0; a second signal cuts the
     grace short; a serving failure (e.g. the port is taken) exits 1."""
     from stator.frontend.drain import FrontendDrain
+    from stator.frontend.metrics import FrontendMetrics
     from stator.frontend.server import serve_frontend
+    from stator.global_router import build_global_router
     from stator.runtime import Lifecycle, Runtime
 
     runtime = await Runtime.create(runtime_config)
+    metrics = FrontendMetrics()
+    global_router = None
+    if pools.global_router_config:
+        global_router = build_global_router(
+            pools, runtime_config, router_config, registry=metrics.registry
+        )
+        await global_router.start()
     stop = asyncio.Event()
     serving = asyncio.ensure_future(
         serve_frontend(
@@ -119,8 +143,12 @@ async def _main(runtime_config, frontend_config, router_config, reuse_port=False
             stop=stop,
             handle_signals=False,
             reuse_port=reuse_port,
+            routes=global_router,
+            metrics=metrics,
         )
     )
     drain = FrontendDrain(runtime, stop, serving)
     lifecycle = Lifecycle(drain, grace=runtime_config.graceful_shutdown_timeout)
+    if global_router is not None:
+        lifecycle.on_stop(global_router.close)
     return await lifecycle.run(serving)

@@ -11,7 +11,16 @@ from stator import __version__
 
 # Subcommand module names, in the order `--help` lists them. Each module defines
 # `register(subparsers)`, which adds its parser and sets `func` to a callable(args) -> int.
-SUBCOMMANDS: list[str] = ["run", "frontend", "worker", "download", "bench"]
+SUBCOMMANDS: list[str] = [
+    "run",
+    "frontend",
+    "worker",
+    "global-router",
+    "planner",
+    "profile",
+    "download",
+    "bench",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"stator.cli.{name}").register(subparsers)
+        importlib.import_module(f"stator.cli.{name.replace('-', '_')}").register(subparsers)
     return parser
 
 

@@ -93,7 +93,7 @@ async def create_chat_completion(
         gone = True
         return client_gone_response()
     except EngineFailed as exc:
-        raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
+        raise errors.engine_failed_from(exc) from exc
     finally:
         tracker.finish(
             sum(s.completion_tokens for s in streams), streams[0].cached_tokens, disconnected=gone
@@ -181,7 +181,7 @@ async def chat_chunks(
                 )
             )
     except EngineFailed as exc:
-        yield sse_error(errors.engine_failed(f"The worker failed the request: {exc}"))
+        yield sse_error(errors.engine_failed_from(exc))
         yield DONE
         return
     if body.include_usage:

@@ -279,7 +279,7 @@ async def parsed_chat_chunks(
                 )
             )
     except EngineFailed as exc:
-        yield sse_error(errors.engine_failed(f"The worker failed the request: {exc}"))
+        yield sse_error(errors.engine_failed_from(exc))
         yield DONE
         return
     if body.include_usage:

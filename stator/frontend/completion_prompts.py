@@ -83,8 +83,11 @@ async def token_prompts(body: CompletionRequest, pipeline: ModelPipeline) -> lis
     prompt, tokenizer = body.prompt, pipeline.tokenizer
     started = time.perf_counter()
     if isinstance(prompt, str):
+        pipeline.check_text_length(prompt, "prompt")
         prompts = [await tokenizer.encode_async(prompt, add_special_tokens=True)]
     elif prompt and isinstance(prompt[0], str):
+        for text in prompt:
+            pipeline.check_text_length(text, "prompt")  # type: ignore[arg-type]
         prompts = [await tokenizer.encode_async(p, add_special_tokens=True) for p in prompt]  # type: ignore[arg-type]
     elif prompt and isinstance(prompt[0], int):
         prompts = [list(prompt)]  # type: ignore[arg-type]

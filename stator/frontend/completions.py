@@ -104,7 +104,7 @@ async def create_completion(
         gone = True
         return client_gone_response()
     except EngineFailed as exc:
-        raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
+        raise errors.engine_failed_from(exc) from exc
     finally:
         tracker.finish(*totals(), disconnected=gone)
     return Response(to_json(result), media_type="application/json")
@@ -208,7 +208,7 @@ class _Context:
                     to_json(Completion(self.id, self.created, model, [choice], usage=usage_field))
                 )
         except EngineFailed as exc:
-            yield sse_error(errors.engine_failed(f"The worker failed the request: {exc}"))
+            yield sse_error(errors.engine_failed_from(exc))
             yield DONE
             return
         if body.include_usage:

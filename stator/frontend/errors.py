@@ -18,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from stator.protocols import INVALID_REQUEST
+
 log = logging.getLogger(__name__)
 
 
@@ -98,6 +100,14 @@ def engine_failed(message: str) -> ApiError:
     return ApiError(500, message, type="internal_server_error", code="engine_error")
 
 
+def engine_failed_from(exc: Exception) -> ApiError:
+    """The error for a choice's `EngineFailed`: a 400 when the engine refused the request
+    (`EngineOutput.error_code`), else a 500."""
+    if getattr(exc, "code", None) == INVALID_REQUEST:
+        return bad_request(f"The engine refused the request: {exc}", code="invalid_request")
+    return engine_failed(f"The worker failed the request: {exc}")
+
+
 def model_error(message: str) -> ApiError:
     """The model's output breaks the request's contract (e.g. `tool_choice: required` and
     no call). OpenAI answers such output with a 500 of type `model_error` ("The model
@@ -120,6 +130,10 @@ def _param_from_location(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
+# Error types of checks across fields, and the parameter each names.
+WHOLE_BODY_ERRORS = {"too_many_choices": "n"}
+
+
 def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
     """OpenAI's 400 for pydantic's (or FastAPI's) validation errors, naming the first bad
     parameter."""
@@ -134,6 +148,12 @@ def validation_error(errors: list[dict[str, Any]] | Any) -> ApiError:
             f"The request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json"
         )
     loc = tuple(p for p in first.get("loc", ()) if p != "body")
+    if not loc and first.get("type") in WHOLE_BODY_ERRORS:
+        # A check across fields (a model validator): its message says what is wrong.
+        param = WHOLE_BODY_ERRORS[first["type"]]
+        return bad_request(
+            first.get("msg", "invalid request"), param=param, code="invalid_parameter"
+        )
     if not loc:
         return bad_request("The request body must be a JSON object.", code="invalid_json")
     param = _param_from_location(loc)

@@ -4,6 +4,10 @@ Workers publish a `ModelCard` under `v1/models/{ns}/{component}/{endpoint}/{inst
 A model appears when the first card naming it appears (its pipeline is built then) and
 disappears when the last one goes. Cards of prefill-only workers do not make a model
 servable on their own: the router finds prefill workers itself.
+
+With a `RouteSource` (the global router, built by the CLI: the frontend does not import
+it), models come from the source instead of this namespace's cards, and each pipeline
+routes through the source's router for that model.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import msgspec
 
@@ -36,6 +41,14 @@ def endpoint_from_key(key: str) -> EndpointName:
     return EndpointName(parts[2], parts[3], parts[4])
 
 
+class RouteSource(Protocol):
+    def models(self) -> dict[str, ModelCard]: ...
+
+    def changed_event(self) -> asyncio.Event: ...
+
+    def model_router(self, model: str) -> Any: ...
+
+
 @dataclass
 class ModelEntry:
     name: str
@@ -45,6 +58,7 @@ class ModelEntry:
     created: int = 0
     # Built once, by the first card; requests arriving meanwhile wait for it.
     pipeline: asyncio.Task[ModelPipeline] | None = None
+    router: Any = None  # from a RouteSource
 
     def instance_ids(self) -> set[int]:
         """The workers that publish this model's card (key `.../{instance:x}[/suffix]`)."""
@@ -58,8 +72,15 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, runtime: Runtime, router_config: RouterConfig, metrics=None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        router_config: RouterConfig,
+        metrics=None,
+        routes: RouteSource | None = None,
+    ) -> None:
         self.runtime = runtime
+        self.routes = routes
         self.router_config = router_config
         self.metrics = metrics
         self.models: dict[str, ModelEntry] = {}
@@ -69,7 +90,8 @@ class ModelManager:
 
     async def start(self) -> None:
         if self._watch_task is None:
-            self._watch_task = asyncio.create_task(self._watch(), name="model-manager watch")
+            watch = self._watch() if self.routes is None else self._follow(self.routes)
+            self._watch_task = asyncio.create_task(watch, name="model-manager watch")
             # Let the watch read the current snapshot before the first request.
             await asyncio.sleep(0)
 
@@ -83,6 +105,29 @@ class ModelManager:
                     await self._on_delete(event.key)
             except Exception:
                 log.exception("failed to handle model-card event for %s", event.key)
+
+    async def _follow(self, routes: RouteSource) -> None:
+        """Mirror the route source's models."""
+        while True:
+            changed = routes.changed_event()
+            models = routes.models()
+            for name, card in models.items():
+                if name not in self.models:
+                    endpoint = EndpointName(self.runtime.namespace, "global_router", "generate")
+                    entry = ModelEntry(name, card, endpoint, created=int(self.runtime.started_at))
+                    entry.router = routes.model_router(name)
+                    entry.pipeline = asyncio.create_task(
+                        self._build(entry), name=f"pipeline {name}"
+                    )
+                    self.models[name] = entry
+                    log.info("model %s appeared in the global router's pools", name)
+                    self._signal()
+            for name in [n for n in self.models if n not in models]:
+                entry = self.models.pop(name)
+                log.info("model %s disappeared (no pool serves it)", name)
+                self._signal()
+                await self._close_entry(entry)
+            await changed.wait()
 
     def _on_put(self, key: str, value: bytes) -> None:
         try:
@@ -114,6 +159,7 @@ class ModelManager:
             self.router_config,
             self.metrics,
             allowed_workers=allowed,
+            router=entry.router,
         )
         log.info("pipeline for %s ready", entry.name)
         return pipeline

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 StopField = str | list[str] | None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
@@ -26,9 +27,19 @@ class ResponseFormat(BaseModel):
     json_schema: dict[str, Any] | None = None
 
 
+# Most choices one completions request may fan out to (prompts × n): 2,000 prompts with
+# n=128 made 256,000 choices, 3.5 GB, and blocked the event loop for 39 s.
+MAX_CHOICES = 1024
+# Keys the chat template call sets itself; `chat_template_kwargs` may not name them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "continue_final_message"}
+)
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: ChatRole
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
@@ -45,10 +56,29 @@ class ChatMessage(BaseModel):
         return data
 
 
-class SamplingFields(BaseModel):
-    """Fields shared by chat and completions requests."""
+class AgentHints(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    priority: int | None = None
+
+
+class NvExt(BaseModel):
+    """Dynamo's `nvext` extension fields that stator reads: latency targets (ms) and a
+    priority, which the global router uses to pick a pool."""
 
     model_config = ConfigDict(extra="ignore")
+
+    ttft_target: Annotated[float, Field(gt=0.0)] | None = None
+    itl_target: Annotated[float, Field(gt=0.0)] | None = None
+    priority: int | None = None
+    agent_hints: AgentHints | None = None
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by chat and completions requests. Strict: `"1"` or `true` is no
+    integer (pydantic's lax mode took both)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
@@ -75,6 +105,7 @@ class SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     user: str | None = None
+    nvext: NvExt | None = None
 
     @field_validator("stop")
     @classmethod
@@ -110,6 +141,14 @@ class ChatCompletionRequest(SamplingFields):
     # GPT-OSS's effort (its Harmony system message).
     include_reasoning: bool = True
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(value or ()))
+        if reserved:
+            raise ValueError(f"{reserved} are set by the request itself, not by this field")
+        return value
 
     @field_validator("tool_choice")
     @classmethod
@@ -156,6 +195,25 @@ class CompletionRequest(SamplingFields):
     def completion_limit(self) -> int | None:
         return self.max_tokens
 
+    @model_validator(mode="after")
+    def _choices_bounded(self) -> CompletionRequest:
+        prompts = 0
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
+            prompts += len(self.prompt)
+        elif self.prompt:
+            prompts += 1
+        if isinstance(self.prompt_embeds, list):
+            prompts += len(self.prompt_embeds)
+        elif self.prompt_embeds:
+            prompts += 1
+        if prompts * self.n > MAX_CHOICES:
+            raise PydanticCustomError(
+                "too_many_choices",
+                f"{prompts} prompts × n={self.n} is more than the {MAX_CHOICES} choices one "
+                "request may ask for.",
+            )
+        return self
+
 
 class ReasoningOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -167,7 +225,7 @@ class ResponsesRequest(BaseModel):
     """`POST /v1/responses`. `input` items are checked by `stator.llm.responses`, which
     names the offending item in its error."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     input: str | list[dict[str, Any]]

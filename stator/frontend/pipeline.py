@@ -20,7 +20,7 @@ from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.openai_models import ChatCompletionRequest, CompletionRequest
 from stator.frontend.parsing import ModelParsing
-from stator.frontend.routing_hints import WORKER_HEADER, target_worker_var
+from stator.frontend.routing_hints import WORKER_HEADER, target_worker_var, targets_var
 from stator.llm import (
     ChoiceProcessor,
     Delta,
@@ -50,7 +50,12 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 
 class EngineFailed(Exception):
-    """The worker reported an error for this choice (not the client's fault)."""
+    """The worker reported an error for this choice; `code` is its
+    `EngineOutput.error_code` (`INVALID_REQUEST`: the engine refused the request)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ChoiceStream:
@@ -92,7 +97,7 @@ class ChoiceStream:
         except Migratable as exc:
             raise errors.no_workers(self.request.model) from exc
         except EngineFailed as exc:
-            raise errors.engine_failed(f"The worker failed the request: {exc}") from exc
+            raise errors.engine_failed_from(exc) from exc
         finally:
             # Time to route and get the first output back (prefill included).
             self.pipeline.metrics.stage_timers["route"].observe(time.perf_counter() - started)
@@ -112,7 +117,7 @@ class ChoiceStream:
         async for output in self._outputs:
             self._started = True
             if output.finish_reason == "error":
-                raise EngineFailed(output.error or "engine error")
+                raise EngineFailed(output.error or "engine error", output.error_code)
             started = time.perf_counter()
             delta = self.processor.process(output)
             self.detokenize_seconds += time.perf_counter() - started
@@ -190,11 +195,17 @@ class ModelPipeline:
         router_config: RouterConfig,
         metrics: FrontendMetrics,
         allowed_workers: Callable[[], Collection[int]] | None = None,
+        router: Any = None,
     ) -> ModelPipeline:
         """`allowed_workers`: the only workers to route to (those that publish this card,
-        for a LoRA adapter that not every worker of the endpoint has loaded)."""
+        for a LoRA adapter that not every worker of the endpoint has loaded). `router`: a
+        router-shaped object to use instead of the routers over `endpoint` and its prefill
+        workers (the global router's view of the model: `generate`, busy thresholds,
+        `client`, `close`)."""
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
+        if router is not None:
+            return cls(card, files, router.client, router, metrics, disagg=router)
         client = await runtime.client(endpoint, EngineOutput)
         router = Router(
             runtime,
@@ -256,10 +267,23 @@ class ModelPipeline:
         except TemplateRenderError as exc:
             raise errors.bad_request(str(exc), param="messages") from exc
         rendered = time.perf_counter()
+        self.check_text_length(text, "messages")
         ids = await self.tokenizer.encode_async(text, add_special_tokens=False)
         self.metrics.stage_timers["template"].observe(rendered - started)
         self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - rendered)
         return ids
+
+    def check_text_length(self, text: str, param: str) -> None:
+        """A 400 for text too long to fit the context whatever it tokenizes to, before
+        paying to tokenize it."""
+        limit = self.context_length * self.tokenizer.max_token_chars
+        if len(text) > limit:
+            raise errors.bad_request(
+                f"This model's maximum context length is {self.context_length} tokens; the "
+                f"prompt's {len(text)} characters cannot fit in it.",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     @staticmethod
     def _template_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -301,8 +325,7 @@ class ModelPipeline:
             if isinstance(body, ChatCompletionRequest)
             else body.skip_special_tokens
         )
-        target = target_worker_var.get()
-        routing = RoutingHints(target_worker_id=target) if target is not None else None
+        routing, priority = routing_hints(body)
         streams: list[ChoiceStream] = []
         for p, prompt in enumerate(prompts):
             ids, embeds = (prompt, None) if isinstance(prompt, list) else ([], prompt)
@@ -352,6 +375,7 @@ class ModelPipeline:
                     prompt_embeds_dtype=None if embeds is None else embeds.dtype,
                     sampling=choice_sampling,
                     stop=stop,
+                    priority=priority,
                     routing=routing,
                 )
                 processor = ChoiceProcessor(
@@ -363,6 +387,25 @@ class ModelPipeline:
                 )
                 streams.append(ChoiceStream(self, index, request, processor))
         return streams
+
+
+def routing_hints(
+    body: ChatCompletionRequest | CompletionRequest,
+) -> tuple[RoutingHints | None, int]:
+    """(routing hints, priority) from the headers (context variables) and `nvext`."""
+    target = target_worker_var.get()
+    ttft, itl = targets_var.get()
+    priority = 0
+    nvext = body.nvext
+    if nvext is not None:
+        ttft = nvext.ttft_target or ttft
+        itl = nvext.itl_target or itl
+        hinted = nvext.agent_hints.priority if nvext.agent_hints else None
+        priority = nvext.priority if nvext.priority is not None else (hinted or 0)
+    if target is None and ttft is None and itl is None:
+        return None, priority
+    hints = RoutingHints(target_worker_id=target, ttft_target_ms=ttft, itl_target_ms=itl)
+    return hints, priority
 
 
 async def prime_all(streams: list[ChoiceStream]) -> None:

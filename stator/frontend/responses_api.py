@@ -44,6 +44,7 @@ from stator.llm.responses import (
 from stator.parsers import ParsedDelta, ToolCallDelta
 from stator.parsers.calls import assemble_calls
 from stator.parsers.tool_calls import ToolChoiceError, validate_tool_choice
+from stator.protocols import INVALID_REQUEST
 
 
 def translate(
@@ -51,6 +52,8 @@ def translate(
 ) -> tuple[list[dict], ChatCompletionRequest]:
     """(the conversation to store, the chat request to run). Instructions apply to this
     request only, as OpenAI does: they are not part of the stored conversation."""
+    if isinstance(body.input, list) and not body.input:
+        raise errors.bad_request("'input' must not be empty.", param="input")
     try:
         messages = input_to_messages(body.input)
         tools = tools_to_chat(body.tools) or None
@@ -159,7 +162,9 @@ class ResponseRun:
                         yield event
                     return
         except EngineFailed as exc:
-            for event in self.builder.fail(f"The worker failed the request: {exc}"):
+            refused = exc.code == INVALID_REQUEST
+            code = INVALID_REQUEST if refused else "server_error"
+            for event in self.builder.fail(f"The worker failed the request: {exc}", code):
                 yield event
 
     def _finish(self, delta: Delta) -> list[dict]:
@@ -190,6 +195,8 @@ class ResponseRun:
             error = response["error"]
             if error["code"] == "invalid_model_output":
                 raise errors.model_error(error["message"])
+            if error["code"] == INVALID_REQUEST:
+                raise errors.bad_request(error["message"], code=INVALID_REQUEST)
             raise errors.engine_failed(error["message"])
         return response
 

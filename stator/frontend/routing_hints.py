@@ -16,8 +16,14 @@ from starlette.requests import Request
 from stator.frontend import errors
 
 WORKER_HEADER = "x-worker-instance-id"
+TTFT_HEADER = "x-ttft-target"
+ITL_HEADER = "x-itl-target"
 target_worker_var: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "target_worker", default=None
+)
+# (ttft ms, itl ms) from the headers
+targets_var: contextvars.ContextVar[tuple[float | None, float | None]] = contextvars.ContextVar(
+    "latency_targets", default=(None, None)
 )
 
 
@@ -34,7 +40,28 @@ def parse_worker_id(text: str) -> int:
         ) from None
 
 
+def parse_target_ms(text: str, header: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise errors.bad_request(
+            f"Header {header} must be a positive number of milliseconds, got {text!r}.",
+            param=header,
+        )
+    return value
+
+
 def set_target_worker(request: Request) -> None:
-    """Read the header of this request into `target_worker_var` (None when absent)."""
-    raw = request.headers.get(WORKER_HEADER)
+    """Read this request's routing headers into `target_worker_var` and `targets_var`."""
+    headers = request.headers
+    raw = headers.get(WORKER_HEADER)
     target_worker_var.set(parse_worker_id(raw) if raw else None)
+    ttft, itl = headers.get(TTFT_HEADER), headers.get(ITL_HEADER)
+    targets_var.set(
+        (
+            parse_target_ms(ttft, TTFT_HEADER) if ttft else None,
+            parse_target_ms(itl, ITL_HEADER) if itl else None,
+        )
+    )

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from stator.frontend.app import create_app
 from stator.frontend.config import FrontendConfig
 from stator.frontend.metrics import FrontendMetrics
-from stator.frontend.model_manager import ModelManager
+from stator.frontend.model_manager import ModelManager, RouteSource
 from stator.router import RouterConfig
 from stator.runtime import Runtime
 
@@ -130,11 +130,14 @@ async def running_frontend(
     runtime: Runtime,
     frontend_config: FrontendConfig | None = None,
     router_config: RouterConfig | None = None,
+    routes: RouteSource | None = None,
+    metrics: FrontendMetrics | None = None,
 ) -> AsyncIterator[RunningFrontend]:
-    """Serve the frontend in this event loop until the block exits."""
+    """Serve the frontend in this event loop until the block exits. `routes`: serve the
+    models of a route source (the global router) instead of this namespace's."""
     config = frontend_config or FrontendConfig(http_host="127.0.0.1", http_port=0)
-    metrics = FrontendMetrics()
-    manager = ModelManager(runtime, router_config or RouterConfig(), metrics)
+    metrics = metrics or FrontendMetrics()
+    manager = ModelManager(runtime, router_config or RouterConfig(), metrics, routes)
     await manager.start()
     app = create_app(manager, metrics, config)
     sock = _bind(config.http_host, config.http_port)
@@ -165,14 +168,17 @@ async def serve_frontend(
     stop: asyncio.Event | None = None,
     handle_signals: bool = True,
     reuse_port: bool = False,
+    routes: RouteSource | None = None,
+    metrics: FrontendMetrics | None = None,
 ) -> None:
     """Serve until `stop` is set or, with `handle_signals`, until SIGINT/SIGTERM; then
     let in-flight HTTP requests finish (uvicorn's graceful shutdown) and close the model
     manager. The caller owns `runtime` and shuts it down afterwards. `reuse_port`: bind
     with SO_REUSEPORT, as one of several processes serving the port
-    (`stator frontend --api-server-count`)."""
-    metrics = FrontendMetrics()
-    manager = ModelManager(runtime, router_config, metrics)
+    (`stator frontend --api-server-count`). `routes`: serve the models of a route source
+    (the global router) instead of this namespace's; `metrics`: a registry it shares."""
+    metrics = metrics or FrontendMetrics()
+    manager = ModelManager(runtime, router_config, metrics, routes)
     await manager.start()
     app = create_app(manager, metrics, frontend_config)
     sock = _bind(frontend_config.http_host, frontend_config.http_port, reuse_port)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from stator.llm.guided import guided_decoding
+from stator.llm.stop_strings import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from stator.llm.validate import InvalidParam, as_bool, as_int, as_number, present
 from stator.protocols import SamplingOptions, StopConditions
 
@@ -197,6 +198,12 @@ def _stop_strings(value: Any) -> list[str]:
         raise InvalidParam("stop must be a string or a list of strings.", "stop")
     if any(s == "" for s in stops):
         raise InvalidParam("stop strings must not be empty.", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidParam(f"At most {MAX_STOP_STRINGS} stop strings are allowed.", "stop")
+    if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+        raise InvalidParam(
+            f"A stop string may have at most {MAX_STOP_STRING_CHARS} characters.", "stop"
+        )
     return list(dict.fromkeys(stops))
 
 

@@ -58,25 +58,26 @@ class DisaggRouter:
         self.model = decode.card.name
         self.metrics = decode.metrics
         self._releases: set[asyncio.Task] = set()
+        self._disaggregated = False
 
     async def start(self) -> None:
         await self.decode.start()
         if self.prefill is not None:
-            self.prefill.client.on_change(self._on_prefill_worker)
+            self.prefill.client.on_change(lambda wid, info: self._prefill_pool_changed())
             await self.prefill.start()
+            self._prefill_pool_changed()
 
-    def _on_prefill_worker(self, worker_id: int, info: object) -> None:
+    def _prefill_pool_changed(self) -> None:
         count = len(self.prefill_workers())
         self.metrics.prefill_workers.labels(self.model).set(count)
-        if info is not None and count == 1:
+        if count and not self._disaggregated:
             log.info(
-                "model %s: prefill worker %x is live; disaggregated serving on",
-                self.model,
-                worker_id,
+                "model %s: %d prefill worker(s) live; disaggregated serving", self.model, count
             )
-        elif info is None and count == 0:
-            what = "requests fail with 503" if self.config.enforce_disagg else "aggregated serving"
-            log.warning("model %s: no prefill worker left; %s", self.model, what)
+        elif not count and self._disaggregated:
+            then = "requests fail with 503" if self.config.enforce_disagg else "aggregated serving"
+            log.warning("model %s: no prefill worker left; %s", self.model, then)
+        self._disaggregated = bool(count)
 
     async def close(self) -> None:
         for task in list(self._releases):

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import msgspec
 
-from stator.engines.base import Engine, EngineDead
+from stator.engines.base import Engine, EngineDead, EngineError
 from stator.kv.transfer import TransferConfig
 from stator.logs import request_id_var
 from stator.protocols import (
+    INVALID_REQUEST,
     AdminRequest,
     AdminResponse,
     EngineOutput,
@@ -213,6 +214,15 @@ class WorkerHost:
                 self.fatal(f"engine died: {exc}")
                 # Migratable: the request was fine, this worker is not.
                 raise EngineShutdown(f"engine died while serving the request: {exc}") from exc
+            except EngineError as exc:
+                # The engine refused the request (bad input for it): the client's to fix.
+                finished = True
+                metrics.errors.inc()
+                log.info("engine refused the request: %s", exc)
+                yield EngineOutput(
+                    finish_reason="error", error=str(exc), error_code=INVALID_REQUEST
+                )
+                return
             except Exception as exc:
                 finished = True
                 metrics.errors.inc()

@@ -26,7 +26,6 @@ from tests.deploy.manifests import (
 #   key: (subcommand words, flag)
 PENDING: dict[tuple[str, str], str] = {
     ("worker", "--role"): "#15 disaggregation: `stator worker --role` for every engine",
-    ("planner", "*"): "#18 planner: the `stator planner` subcommand and its flags",
 }
 # Pods of the vLLM engine (LeaderWorkerSet multi-node) pass vLLM's own engine arguments; they
 # are checked in the vLLM venv (tests/engines/vllm/test_deploy_flags.py).

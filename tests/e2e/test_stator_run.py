@@ -137,3 +137,46 @@ def test_disagg_run_serves_through_prefill_and_decode_workers(fleet):
     assert 'stator_router_disagg_requests_total{model="tiny-chat",path="remote"' in metrics
     proc.signal(2)
     assert proc.wait(30) == 0
+
+
+def test_mocker_card_and_engine_agree_and_refusals_are_400(fleet):
+    # Was: --context-length 8192 advertised 8192 while the mocker held 2048; a 1,280-token
+    # prompt passed the frontend and came back as a 500 engine_error.
+    proc, url = start_run(fleet, "--engine", "mocker", "--context-length", "8192")
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    (model,) = client.models.list().data
+    assert model.max_model_len == 8192
+    out = client.completions.create(model=model.id, prompt=[7] * 1280, max_tokens=3)
+    assert out.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="guided"):
+        client.chat.completions.create(
+            model=model.id,
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_object"},
+            max_tokens=3,
+        )
+    # The mocker gives logprobs of the right shape when asked.
+    chat = client.chat.completions.create(
+        model=model.id,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
+    proc.signal(2)
+    assert proc.wait(30) == 0
+
+
+def test_a_prompt_past_the_kv_cache_is_a_clear_400(fleet):
+    # The native engine's card advertised max_model_len; a prompt that fit it but not the
+    # KV cache reached the engine and came back as a 500.
+    proc, url = start_run(fleet, "--kv-cache-memory", "256KiB", "--block-size", "16")
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    (model,) = client.models.list().data
+    assert model.max_model_len < 1024  # what the cache holds, not max_position_embeddings
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.completions.create(model=model.id, prompt=[7] * (model.max_model_len + 10))
+    proc.signal(2)
+    assert proc.wait(30) == 0

@@ -170,3 +170,12 @@ def test_completion_logprobs_range():
 )
 def test_guided_decoding(fields, expected):
     assert build_sampling(chat(**fields)).sampling.guided_decoding == expected
+
+
+def test_stop_strings_are_bounded_in_count_and_length():
+    from stator.llm.stop_strings import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+
+    with pytest.raises(InvalidParam, match="At most"):
+        build_sampling({**COMPLETION, "stop": [str(i) for i in range(MAX_STOP_STRINGS + 1)]})
+    with pytest.raises(InvalidParam, match="at most"):
+        build_sampling({**COMPLETION, "stop": "x" * (MAX_STOP_STRING_CHARS + 1)})

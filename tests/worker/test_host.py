@@ -177,6 +177,7 @@ async def test_engine_errors_become_an_error_output():
     ]
     assert len(outs) == 1
     assert outs[0].finish_reason == "error" and "empty prompt" in outs[0].error
+    assert outs[0].error_code == "invalid_request"  # the edge answers 400, not 500
     assert host.metrics.errors._value.get() == 1
     assert host.failure is None  # a bad request is not a dead engine
     await host.stop(grace=1)

@@ -19,7 +19,7 @@ import msgspec
 from stator.engines.base import Engine, EngineDead, EngineError
 from stator.engines.mocker.block_manager import BlockManager
 from stator.engines.mocker.config import MockerConfig
-from stator.engines.mocker.output import TokenPlan
+from stator.engines.mocker.output import TokenPlan, mock_logprob
 from stator.engines.mocker.scheduler import Scheduler, Sequence
 from stator.engines.mocker.timing import PolynomialTiming, ProfileTiming, StepShape, StepTimer
 from stator.kv.hashing import block_hashes
@@ -59,9 +59,18 @@ class _Stream:
     produced: int = 0
     sent_first: bool = False
     disagg: DisaggParams | None = None
+    # Top alternatives asked for per token (None: no logprobs), and the vocabulary size.
+    logprobs: int | None = None
+    vocab_size: int = 32000
 
     def take(self) -> EngineOutput:
         out = EngineOutput(token_ids=self.tokens, finish_reason=self.finish_reason)
+        if self.logprobs is not None and self.tokens:
+            first = self.produced - len(self.tokens)
+            out.logprobs = [
+                mock_logprob(t, first + i, self.logprobs, self.vocab_size)
+                for i, t in enumerate(self.tokens)
+            ]
         self.tokens = []
         if not self.sent_first:
             out.cached_tokens = self.seq.num_cached or 0
@@ -176,6 +185,9 @@ class MockerEngine(Engine):
             raise EngineError("the mocker is not started")
         if request.prompt_embeds is not None:
             raise EngineError("the mocker does not accept prompt embeddings")
+        if request.sampling.guided_decoding is not None:
+            # Random tokens cannot honour a grammar: refuse rather than pretend (a 400).
+            raise EngineError("the mocker cannot do guided decoding (response_format, guided_*)")
         if request.lora_name:
             raise EngineError(
                 f"the mocker serves no LoRA adapters (asked for {request.lora_name!r})"
@@ -247,7 +259,9 @@ class MockerEngine(Engine):
             num_remote=num_remote,
         )
         plan = TokenPlan(request, self.config.output_mode, self.vocab_size, max_tokens)  # type: ignore[arg-type]
-        stream = _Stream(seq, plan, rank)
+        stream = _Stream(
+            seq, plan, rank, logprobs=request.sampling.logprobs, vocab_size=self.vocab_size
+        )
         self._streams[request.request_id] = stream
         self.num_requests += 1
         rank.scheduler.add(seq)

@@ -14,7 +14,7 @@ from typing import Literal
 
 import xxhash
 
-from stator.protocols import EngineRequest, FinishReason
+from stator.protocols import EngineRequest, FinishReason, TokenLogprob, TopLogprob
 
 OutputMode = Literal["random", "echo"]
 
@@ -72,3 +72,17 @@ class TokenPlan:
         if produced >= self.max_tokens:
             return "length", True
         return None, True
+
+
+def mock_logprob(token: int, position: int, top: int, vocab_size: int) -> TokenLogprob:
+    """Made-up but well-formed logprobs for one sampled token, as a real engine shapes
+    them: the sampled token's logprob (< 0), and `top` alternatives in descending order
+    with the sampled token first (as greedy decoding would have it). Deterministic in
+    (token, position), so a test can compare runs."""
+    mixed = xxhash.xxh3_64_intdigest(f"{token}:{position}".encode())
+    chosen = -0.01 - (mixed % 2000) / 1000.0  # in (-2.01, -0.01]
+    alternatives = [TopLogprob(token, chosen)]
+    for k in range(1, top):
+        other = (token + k * 7919) % vocab_size
+        alternatives.append(TopLogprob(other, chosen - 0.75 * k))
+    return TokenLogprob(token_id=token, logprob=chosen, top=alternatives[:top])

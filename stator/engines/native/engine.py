@@ -9,6 +9,7 @@ event loop between two steps, so the core is never touched by two threads at onc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -23,10 +24,14 @@ import msgspec
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.engine_core import EngineCore
+from stator.engines.native.kv_handoff import ImportPlan
 from stator.engines.native.lora.adapter import load_adapter, pin_adapter
 from stator.engines.native.lora.resolve import resolve_adapter
 from stator.engines.native.models import model_class
+from stator.kv.transfer.agent import KvTransferAgent
+from stator.kv.transfer.stats import TransferStats
 from stator.protocols import (
+    DisaggParams,
     EngineOutput,
     EngineRequest,
     KvEvent,
@@ -71,6 +76,9 @@ class NativeEngine(Engine):
         self._step_lock = threading.Lock()
         self._sleep_level: int | None = None
         self._sleep_lock = asyncio.Lock()
+        self.agent: KvTransferAgent | None = None
+        self.transfers = TransferStats()
+        self._side_tasks: set[asyncio.Task] = set()
         # One lock per adapter name: concurrent loads of one name are serialized.
         self._lora_locks: dict[str, asyncio.Lock] = {}
 
@@ -88,8 +96,24 @@ class NativeEngine(Engine):
                 raise ValueError(f"--lora-modules entry {item!r} is not name=path")
             # Named by the operator at start: not limited to --lora-allowed-dirs.
             await self._load_lora(name.strip(), source.strip(), allowed_dirs=None)
+        if self.role != "aggregated":
+            await self._start_transfer(self.core)
         self._refresh_load()
         self._task = asyncio.create_task(self._run(), name="native-engine-loop")
+
+    async def _start_transfer(self, core: EngineCore) -> None:
+        pool = getattr(core.runner, "kv_pool", None)
+        if pool is None or self.config.tensor_parallel_size > 1:
+            raise EngineError(
+                f"--role {self.role} needs the KV cache in one pool (tensor-parallel size 1)"
+            )
+        core.exports.timeout = self.kv_transfer.timeout
+        self.agent = KvTransferAgent(
+            self.kv_transfer, pool, pins=core.pinned, release=self.release_kv
+        )
+        if self.role == "prefill":
+            await self.agent.serve()
+            core.transfer_info = self.agent.describe()
 
     async def shutdown(self) -> None:
         if self._task is not None:
@@ -101,6 +125,10 @@ class NativeEngine(Engine):
             self._task = None
         for rid in list(self._streams):
             self._finish_stream(rid, EngineOutput(finish_reason="abort"))
+        for task in list(self._side_tasks):
+            task.cancel()
+        if self.agent is not None:
+            await self.agent.close()
         if self.core is not None:  # after any step in flight: stops tensor-parallel ranks
             await asyncio.get_running_loop().run_in_executor(self._executor, self.core.close)
         self._executor.shutdown(wait=True)
@@ -127,14 +155,33 @@ class NativeEngine(Engine):
             raise EngineError(f"request id {rid!r} is already running")
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self._streams[rid] = queue
+        disagg = request.disagg
+        pulls = (
+            self.agent is not None
+            and disagg is not None
+            and disagg.prefill_worker_id is not None
+            and bool(disagg.transfer)
+        )
         try:
-            await self._between_steps(lambda: core.add_request(request))
+            if pulls:
+                plan = await self._between_steps(lambda: core.begin_import(request))
+            else:
+                plan = None
+                await self._between_steps(lambda: core.add_request(request))
         except BaseException:
             self._streams.pop(rid, None)
             raise
         self._refresh_load()
         self._wakeup.set()
         try:
+            if pulls:
+                assert disagg is not None
+                if plan is None:  # prefilled here instead: the prefill side may unpin
+                    self.transfers.fallbacks += 1
+                    self._spawn(self._release_remote(disagg))
+                else:
+                    # Shielded: the pull goes on (and frees its blocks) if the caller leaves.
+                    await asyncio.shield(self._spawn(self._import(disagg, plan)))
             while True:
                 out = await queue.get()
                 yield out
@@ -144,6 +191,60 @@ class NativeEngine(Engine):
             if rid in self._streams:  # the caller stopped reading: free the request now
                 self._streams.pop(rid, None)
                 await self.abort(rid)
+
+    # -- disaggregated serving -----------------------------------------------------------
+
+    async def _import(self, disagg: DisaggParams, plan: ImportPlan) -> None:
+        """Pull the plan's blocks from the prefill worker, then schedule the request (with
+        its prompt computed, or to compute it here if the pull failed), then unpin."""
+        assert self.agent is not None and disagg.prefill_request_id is not None
+        core = self._core()
+        ok = False
+        try:
+            if plan.remote:
+                result = await self.agent.pull(
+                    disagg.transfer, disagg.prefill_request_id, plan.remote, plan.local
+                )
+                self.transfers.record(result)
+                log.debug(
+                    "request %s: pulled %d blocks (%d cached here) by %s in %.2f ms",
+                    plan.request_id,
+                    result.blocks,
+                    plan.num_cached_blocks,
+                    result.kind,
+                    result.seconds * 1e3,
+                )
+            ok = True
+        except Exception as exc:
+            self.transfers.fallbacks += 1
+            log.warning(
+                "request %s: KV pull failed (%s); computing the prompt here", plan.request_id, exc
+            )
+        finally:
+            rid = plan.request_id
+            with contextlib.suppress(EngineDead):
+                await self._between_steps(lambda: core.end_import(rid, ok))
+            self._after_change()
+            self._wakeup.set()
+            self._spawn(self._release_remote(disagg))
+
+    async def _release_remote(self, disagg: DisaggParams) -> None:
+        if self.agent is not None and disagg.prefill_request_id is not None:
+            await self.agent.release(disagg.transfer, disagg.prefill_request_id)
+
+    async def release_kv(self, prefill_request_id: str) -> bool:
+        core = self.core
+        if core is None or self._dead is not None:
+            return False
+        released = await self._between_steps(lambda: core.release_export(prefill_request_id))
+        self._after_change()
+        return released
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+        return task
 
     async def abort(self, request_id: str) -> None:
         core = self.core
@@ -334,6 +435,11 @@ class NativeEngine(Engine):
         out: dict[str, Any] = {
             "native_kv_blocks_used": core.blocks.num_used_blocks,
             "native_kv_blocks_total": core.blocks.num_blocks,
+            "kv_exports_pinned": len(core.exports),
+            "kv_exports_released_total": core.exports.num_released,
+            "kv_exports_expired_total": core.exports.num_expired,
+            "kv_imports_in_flight": len(core.importing),
+            **self.transfers.gauges(),
             "preemptions_total": core.scheduler.num_preemptions,
         }
         if core.offload is not None:
@@ -347,9 +453,13 @@ class NativeEngine(Engine):
         loop = asyncio.get_running_loop()
         while True:
             self._run_deferred()
+            self._expire(core)
             if not core.has_work():
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                deadline = core.exports.next_deadline()
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
                 continue
             self._stepping = True
             try:
@@ -370,6 +480,13 @@ class NativeEngine(Engine):
             self._after_change()
             # Yield to the event loop so that consumers and new requests get a turn.
             await asyncio.sleep(0)
+
+    def _expire(self, core: EngineCore) -> None:
+        deadline = core.exports.next_deadline()
+        if deadline is not None and deadline <= time.monotonic():
+            expired = core.expire_exports()
+            log.warning("%d pinned prompt(s) expired unpulled; KV released", expired)
+            self._after_change()
 
     def _locked_step(self) -> list[tuple[str, EngineOutput]]:
         with self._step_lock:

@@ -20,6 +20,7 @@ from stator.engines.base import EngineError
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.kv_handoff import ExportTable, ImportPlan, import_plan
 from stator.engines.native.lora.adapter import LoraAdapter
 from stator.engines.native.overlap import (
     PLACEHOLDER,
@@ -37,7 +38,15 @@ from stator.engines.native.tp_runner import make_runner
 from stator.kv.offload import OffloadManager
 from stator.kv.offload.manager import GiB
 from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
-from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, TokenLogprob, Usage
+from stator.protocols import (
+    DisaggParams,
+    EngineOutput,
+    EngineRequest,
+    KvEvent,
+    LoadReport,
+    TokenLogprob,
+    Usage,
+)
 
 
 @dataclass
@@ -89,6 +98,12 @@ class EngineCore:
         # A sequence never outgrows the whole cache, so it can always run alone.
         self.max_total_tokens = min(self.max_model_len, self.blocks.num_blocks * config.block_size)
         self.seqs: dict[str, Sequence] = {}
+        # Disaggregated serving: prompts pinned for decode workers (prefill role), and
+        # requests whose prompt KV is being pulled (decode role).
+        self.worker_id = worker_id
+        self.exports = ExportTable(timeout=30.0)
+        self.importing: dict[str, ImportPlan] = {}
+        self.transfer_info: dict = {}
         mode = config.overlap
         self.overlap = mode == "on" or (mode == "auto" and self.runner.device.type == "cuda")
         self._pending: PendingStep | None = None  # a launched step not yet read back
@@ -122,7 +137,12 @@ class EngineCore:
     # -- requests ------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
-        if request.request_id in self.seqs:
+        seq = self._new_sequence(request)
+        self.seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def _new_sequence(self, request: EngineRequest) -> Sequence:
+        if request.request_id in self.seqs or request.request_id in self.importing:
             raise EngineError(f"request id {request.request_id!r} is already running")
         validate_request(request, self.spec, self.max_total_tokens)
         adapter = self._adapter(request.lora_name)
@@ -145,8 +165,88 @@ class EngineCore:
             seq.generator.manual_seed(sampling.seed)
         if sampling.prompt_logprobs is not None:
             seq.prompt_logprobs.append(None)  # the first prompt token has no context
+        # A router's prefill request (an empty `DisaggParams`): keep the prompt's KV.
+        disagg = request.disagg
+        seq.export = disagg is not None and disagg.prefill_worker_id is None
+        return seq
+
+    # -- disaggregated serving -----------------------------------------------------------
+
+    def begin_import(self, request: EngineRequest) -> ImportPlan | None:
+        """A decode request whose prompt KV is pinned on a prefill worker: allocate its
+        blocks (taking what the prefix cache holds) and return which remote blocks to pull
+        into which local ones. None: it was queued to prefill here instead (no room now,
+        or nothing to pull)."""
+        seq = self._new_sequence(request)
+        disagg = request.disagg
+        assert disagg is not None
+        num_remote = min(disagg.num_prompt_tokens, seq.num_tokens - 1)
+        usable = (
+            disagg.block_size == self.config.block_size
+            and num_remote > 0
+            and not seq.wants_prompt_logprobs
+            and self.blocks.admit(seq, seq.num_tokens)
+        )
         self.seqs[seq.request_id] = seq
+        if not usable:
+            self.scheduler.add(seq)
+            return None
+        plan = import_plan(seq, disagg.remote_block_ids, num_remote, self.config.block_size)
+        plan.num_tokens = num_remote
+        self.importing[seq.request_id] = plan
+        return plan
+
+    def end_import(self, request_id: str, ok: bool) -> None:
+        """The pull of `begin_import`'s plan is over: schedule the sequence with its prompt
+        computed, or (`ok` False) to compute it here."""
+        plan = self.importing.pop(request_id)
+        seq = plan.seq
+        assert seq is not None
+        if plan.aborted:  # `abort` came while the bytes were moving
+            self.blocks.free(seq)
+            return
+        if ok:
+            seq.num_computed_tokens = plan.num_tokens
+            self.blocks.commit(seq)
+        else:
+            self.blocks.free(seq)
+            seq.num_computed_tokens = 0
+            seq.num_cached_tokens = None
         self.scheduler.add(seq)
+
+    def pinned(self, pin_id: str) -> list[int] | None:
+        export = self.exports.get(pin_id)
+        return None if export is None else export.block_ids
+
+    def release_export(self, pin_id: str) -> bool:
+        seq = self.exports.release(pin_id)
+        if seq is None:
+            return False
+        self.blocks.free(seq)
+        return True
+
+    def expire_exports(self) -> int:
+        expired = self.exports.expire()
+        for seq in expired:
+            self.blocks.free(seq)
+        return len(expired)
+
+    def _export(self, seq: Sequence, out: EngineOutput) -> None:
+        """Pin a finished prefill's prompt blocks and say where they are."""
+        if self.exports.get(seq.request_id) is not None:
+            self.release_export(seq.request_id)
+        export = self.exports.pin(
+            seq.request_id, seq, seq.num_prompt_tokens, self.config.block_size
+        )
+        out.disagg = DisaggParams(
+            prefill_worker_id=self.worker_id,
+            remote_block_ids=export.block_ids,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            transfer=self.transfer_info,
+            prefill_request_id=export.pin_id,
+            block_size=self.config.block_size,
+            expires_in=self.exports.timeout,
+        )
 
     def _adapter(self, name: str | None) -> LoraAdapter | None:
         if not name:
@@ -199,10 +299,16 @@ class EngineCore:
         return True
 
     def abort(self, request_id: str) -> bool:
-        """Drop a request and free its blocks now. False when the id is unknown."""
+        """Drop a request and free its blocks now (a request whose KV is being pulled:
+        once the pull ends). False when the id is unknown."""
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return False
+        plan = self.importing.get(request_id)
+        if plan is not None:
+            plan.aborted = True
+            seq.status = Status.FINISHED
+            return True
         self.scheduler.remove(seq)
         return True
 
@@ -400,7 +506,11 @@ class EngineCore:
                 cached_tokens=seq.num_cached_tokens or 0,
             )
             self.seqs.pop(seq.request_id, None)
-            self.scheduler.remove(seq)
+            if seq.export and out.finish_reason == "length":
+                self.scheduler.detach(seq)
+                self._export(seq, out)
+            else:
+                self.scheduler.remove(seq)
         return out
 
     # -- state for the worker host -------------------------------------------------------

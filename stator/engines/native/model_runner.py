@@ -90,11 +90,19 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.sliding_window = spec.sliding_window
         cls = model_class(spec.architecture)
+        extra = {}
+        if spec.num_experts:
+            from stator.engines.native.models.gpt_oss import resolve_moe_weights
+
+            dummy = config.load_format == "dummy"
+            extra["packed"] = resolve_moe_weights(
+                config.moe_weights, model_dir, self.device.type, dummy
+            )
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device):
-                self.model = cls(spec, self.backend, max_model_len)
+                self.model = cls(spec, self.backend, max_model_len, **extra)
         finally:
             torch.set_default_dtype(previous)
         if config.load_format == "dummy":
@@ -425,10 +433,14 @@ def _leading_ones(values: list[int]) -> int:
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, spec: ModelSpec) -> None:
     """Random weights of a trained model's scale (for benchmarks without a checkpoint):
-    norms at 1, everything else N(0, 0.02)."""
+    norms at 1, everything else N(0, 0.02); modules with an `init_dummy` (packed experts)
+    fill their own."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
-        else:
+        elif p.is_floating_point():
             p.normal_(0.0, 0.02, generator=gen)
+    for module in model.modules():
+        if hasattr(module, "init_dummy"):
+            module.init_dummy(gen)

@@ -70,6 +70,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_token_id: int | None = None
     num_emitted: int = 0  # generated tokens already streamed to the caller
+    export: bool = False  # prefill role: pin the prompt's KV for a decode worker at the end
     lora_name: str | None = None  # the adapter's name: part of the KV block hashes
     lora: Any = None  # the adapter itself (`lora.adapter.LoraAdapter`), None: base model
     # Embedding rows that replace the prompt's token embeddings [prompt, hidden] (on the

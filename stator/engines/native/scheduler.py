@@ -66,6 +66,15 @@ class Scheduler:
         self.blocks.free(seq)
         seq.status = Status.FINISHED
 
+    def detach(self, seq: Sequence) -> None:
+        """Take a finished sequence out but keep its blocks: their owner now is whoever
+        called (a prefill's export, freed on release)."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+
     def retire(self, seq: Sequence) -> None:
         """Schedule a running sequence no more but keep its blocks: its last token is
         still being computed, and `remove` frees them once it has been read."""
@@ -106,7 +115,10 @@ class Scheduler:
                     break  # every slot is taken by running adapters: wait for one to end
                 adapters.add(id(seq.lora))
             n = self._chunk(seq, budget)
-            if not self.blocks.admit(seq, n):
+            # A sequence whose prompt KV was pulled from a prefill worker already holds
+            # its blocks; every other waiting one holds none.
+            admitted = self.blocks.grow(seq, n) if seq.block_ids else self.blocks.admit(seq, n)
+            if not admitted:
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING

@@ -317,3 +317,32 @@ async def test_bad_profile_file_fails_at_creation(tiny_model_dir, tmp_path):
     path.write_text("[]")
     with pytest.raises(ValueError, match="profile"):
         create_engine(MockerConfig(profile=str(path)), str(tiny_model_dir), "tiny")
+
+
+async def test_logprobs_have_the_shape_a_real_engine_gives(make_engine):
+    import msgspec
+
+    engine = await make_engine()
+    req = request("lp", max_tokens=6)
+    req = msgspec.structs.replace(req, sampling=SamplingOptions(logprobs=3))
+    outs = await collect(engine, req)
+    logprobs = [lp for out in outs for lp in (out.logprobs or [])]
+    assert [lp.token_id for lp in logprobs] == tokens_of(outs)
+    for lp in logprobs:
+        assert lp.logprob < 0 and len(lp.top) == 3
+        assert lp.top[0].token_id == lp.token_id
+        assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
+    plain = await collect(engine, request("plain", max_tokens=2))
+    assert all(out.logprobs is None for out in plain)
+
+
+async def test_guided_decoding_is_refused_not_ignored(make_engine):
+    import msgspec
+
+    from stator.protocols import GuidedDecoding
+
+    engine = await make_engine()
+    guided = SamplingOptions(guided_decoding=GuidedDecoding(json_object=True))
+    req = msgspec.structs.replace(request("g", max_tokens=2), sampling=guided)
+    with pytest.raises(EngineError, match="guided"):
+        await collect(engine, req)

@@ -1,0 +1,328 @@
+"""`KvTransferAgent`: one engine's end of KV transfer, both roles.
+
+Prefill side (`serve`): a TCP server on `config.host` that answers `acquire` (are these
+blocks still pinned?), `read` (their bytes, for the TCP transport) and `release` (unpin);
+the agent's `describe()` goes into every `DisaggParams.transfer`: the server's address, the
+pool's layout, this process (pid, host) and, for a CUDA pool, its CUDA IPC handle.
+
+Decode side (`pull`, `release`): picks the transport per transfer, unless the config
+forces one:
+
+- `local`: the prefill agent lives in this process (`stator run --disagg`): pool to pool;
+- `ipc`: same host and both pools on CUDA: the prefill pool is opened through CUDA IPC
+  once, then blocks are copied GPU to GPU (`copy.copy_blocks`);
+- `tcp`: anything else: the bytes come over the socket in chunks, straight into the pool;
+- `nixl`: RDMA through NIXL (`stator.kv.transfer.nixl`), when installed and asked for.
+
+`auto` falls back from ipc to tcp when opening the handle fails. Whatever the transport,
+`acquire`/`read` first check that the blocks are still pinned under the id, so a pull
+never copies blocks the prefill side has since reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stator.kv.block_copy import block_bytes, gather, scatter
+from stator.kv.transfer import ipc, wire
+from stator.kv.transfer.config import TransferConfig
+from stator.kv.transfer.copy import copy_blocks
+
+log = logging.getLogger(__name__)
+
+# Pin id -> the block ids pinned under it (None: nothing pinned).
+PinLookup = Callable[[str], "list[int] | None"]
+Release = Callable[[str], Awaitable[bool]]
+
+# Bytes per chunk on the TCP transport: big enough to amortize the per-chunk work, small
+# enough to overlap reading the socket with scattering the previous chunk.
+TCP_CHUNK_BYTES = 16 << 20
+
+_agents: weakref.WeakValueDictionary[str, KvTransferAgent] = weakref.WeakValueDictionary()
+
+
+class TransferError(Exception):
+    """The blocks could not be pulled (the caller computes the prompt itself)."""
+
+
+@dataclass
+class PullResult:
+    kind: str
+    bytes: int
+    blocks: int
+    seconds: float
+
+
+def host_id() -> str:
+    """Same value in two processes = they share a host (and its GPUs)."""
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()  # noqa: SIM115
+    return f"{socket.gethostname()}/{boot}"
+
+
+def layout(pool: torch.Tensor) -> list[Any]:
+    """What must match between two pools for their blocks to be interchangeable."""
+    layers, two, _, *rest = pool.shape
+    return [layers, two, *rest, str(pool.dtype)]
+
+
+class KvTransferAgent:
+    def __init__(
+        self,
+        config: TransferConfig,
+        pool: torch.Tensor,
+        *,
+        pins: PinLookup | None = None,
+        release: Release | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.pool = pool
+        self.pins = pins
+        self.on_release = release
+        self.id = uuid.uuid4().hex
+        self.server: asyncio.base_events.Server | None = None
+        self.address: str | None = None
+        self._ipc_handle: bytes | None = None
+        self._opened: dict[str, torch.Tensor] = {}  # remote agent id -> its pool
+        self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
+        _agents[self.id] = self
+
+    # -- prefill side --------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Start answering decode agents (prefill role)."""
+        if self.pins is None or self.on_release is None:
+            raise ValueError("a serving agent needs pins and release")
+        self.server = await asyncio.start_server(self._handle, self.config.host, 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.address = f"{self.config.host}:{port}"
+        if self.pool.is_cuda and self.config.kind in ("auto", "ipc"):
+            try:
+                self._ipc_handle = ipc.export_pool(self.pool)
+            except Exception as exc:  # e.g. a build without CUDA IPC
+                log.warning("KV pool not shareable through CUDA IPC (%s); TCP only", exc)
+        log.info("KV transfer server at %s (%s)", self.address, self.config.kind)
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "agent": self.id,
+            "kind": self.config.kind,
+            "address": self.address,
+            "pid": os.getpid(),
+            "host": host_id(),
+            "layout": layout(self.pool),
+        }
+        if self._ipc_handle is not None:
+            info["ipc"] = self._ipc_handle
+        return info
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    message = await wire.receive(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                op, pin = message.get("op"), str(message.get("pin"))
+                if op == "release":
+                    assert self.on_release is not None
+                    released = await self.on_release(pin)
+                    await wire.send(writer, {"ok": True, "released": released})
+                    continue
+                blocks = [int(b) for b in message.get("blocks", [])]
+                problem = self._check(pin, blocks)
+                if problem is not None:
+                    await wire.send(writer, {"ok": False, "error": problem})
+                elif op == "acquire":
+                    await wire.send(writer, {"ok": True})
+                elif op == "read":
+                    await self._send_blocks(writer, blocks)
+                else:
+                    await wire.send(writer, {"ok": False, "error": f"unknown op {op!r}"})
+        except Exception:
+            log.exception("KV transfer connection failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _check(self, pin: str, blocks: list[int]) -> str | None:
+        assert self.pins is not None
+        pinned = self.pins(pin)
+        if pinned is None:
+            return f"nothing pinned under {pin!r} (released or expired)"
+        if not set(blocks) <= set(pinned):
+            return f"blocks not pinned under {pin!r}"
+        return None
+
+    async def _send_blocks(self, writer: asyncio.StreamWriter, blocks: list[int]) -> None:
+        per_chunk = max(1, TCP_CHUNK_BYTES // block_bytes(self.pool))
+        chunks = [blocks[i : i + per_chunk] for i in range(0, len(blocks), per_chunk)]
+        size = block_bytes(self.pool)
+        await wire.send(writer, {"ok": True, "chunks": [len(c) * size for c in chunks]})
+        for ids in chunks:
+            data = await asyncio.to_thread(self._host_bytes, ids)
+            writer.write(data)
+            await writer.drain()
+
+    def _host_bytes(self, ids: list[int]) -> memoryview:
+        data = gather(self.pool, ids).contiguous()
+        if data.is_cuda:
+            data = data.cpu()
+        return memoryview(data.view(torch.uint8).numpy()).cast("B")
+
+    # -- decode side ---------------------------------------------------------------
+
+    def choose(self, transfer: dict[str, Any]) -> str:
+        kind = self.config.kind
+        if kind != "auto":
+            return kind
+        if transfer.get("pid") == os.getpid() and transfer.get("agent") in _agents:
+            return "local"
+        same_host = transfer.get("host") == host_id()
+        if same_host and "ipc" in transfer and self.pool.is_cuda:
+            return "ipc"
+        return "tcp"
+
+    async def pull(
+        self, transfer: dict[str, Any], pin: str, remote: list[int], local: list[int]
+    ) -> PullResult:
+        """Copy the pinned remote blocks into `local`; raises TransferError."""
+        if transfer.get("layout") != layout(self.pool):
+            raise TransferError(
+                f"KV layouts differ: remote {transfer.get('layout')} vs local {layout(self.pool)}"
+            )
+        kind = self.choose(transfer)
+        started = time.perf_counter()
+        try:
+            if kind == "local":
+                moved = await self._pull_local(transfer, pin, remote, local)
+            elif kind == "ipc":
+                try:
+                    moved = await self._pull_ipc(transfer, pin, remote, local)
+                except TransferError:
+                    raise
+                except Exception as exc:
+                    if self.config.kind != "auto":
+                        raise
+                    log.warning("CUDA IPC pull failed (%s); falling back to TCP", exc)
+                    kind = "tcp"
+                    moved = await self._pull_tcp(transfer, pin, remote, local)
+            elif kind == "tcp":
+                moved = await self._pull_tcp(transfer, pin, remote, local)
+            elif kind == "nixl":
+                from stator.kv.transfer import nixl
+
+                moved = await nixl.pull(self, transfer, pin, remote, local)
+            else:
+                raise TransferError(f"unknown KV transfer kind {kind!r}")
+        except TransferError:
+            raise
+        except (OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise TransferError(f"{kind} pull failed: {type(exc).__name__}: {exc}") from exc
+        return PullResult(kind, moved, len(remote), time.perf_counter() - started)
+
+    async def _pull_local(self, transfer, pin, remote, local) -> int:
+        source = _agents.get(transfer.get("agent", ""))
+        if source is None:
+            raise TransferError("the prefill agent is not in this process")
+        problem = source._check(pin, remote)
+        if problem is not None:
+            raise TransferError(problem)
+        return await asyncio.to_thread(self._copy_from, source.pool, remote, local)
+
+    async def _pull_ipc(self, transfer, pin, remote, local) -> int:
+        await self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
+        agent = transfer["agent"]
+        src = self._opened.get(agent)
+        if src is None:
+            src = self._opened[agent] = ipc.open_pool(transfer["ipc"], self.pool.device)
+        return await asyncio.to_thread(self._copy_from, src, remote, local)
+
+    def _copy_from(self, src: torch.Tensor, remote: list[int], local: list[int]) -> int:
+        if self._stream is None:
+            return copy_blocks(src, self.pool, remote, local)
+        with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
+            moved = copy_blocks(src, self.pool, remote, local)
+        self._stream.synchronize()
+        return moved
+
+    async def _pull_tcp(self, transfer, pin, remote, local) -> int:
+        host, _, port = str(transfer.get("address")).rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            await wire.send(writer, {"op": "read", "pin": pin, "blocks": remote})
+            header = await wire.receive(reader)
+            if not header.get("ok"):
+                raise TransferError(str(header.get("error")))
+            size = block_bytes(self.pool)
+            shape = (-1, *self.pool.movedim(2, 0).shape[1:])
+            done = 0
+            for nbytes in header["chunks"]:
+                data = await reader.readexactly(int(nbytes))
+                n = int(nbytes) // size
+                rows = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                rows = rows.view(self.pool.dtype).view(shape)
+                await asyncio.to_thread(self._scatter, local[done : done + n], rows)
+                done += n
+            return done * size
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def _scatter(self, local: list[int], rows: torch.Tensor) -> None:
+        if self._stream is None:
+            scatter(self.pool, local, rows)
+            return
+        with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
+            scatter(self.pool, local, rows.pin_memory())
+        self._stream.synchronize()
+
+    async def release(self, transfer: dict[str, Any], pin: str) -> None:
+        """Tell the prefill side it may unpin (best effort: its timeout is the backstop)."""
+        try:
+            source = _agents.get(transfer.get("agent", ""))
+            if source is not None and source.on_release is not None:
+                await source.on_release(pin)
+                return
+            await asyncio.wait_for(self._request(transfer, {"op": "release", "pin": pin}), 5.0)
+        except Exception as exc:
+            log.debug("KV release of %s failed: %s", pin, exc)
+
+    async def _request(self, transfer: dict[str, Any], message: dict[str, Any]) -> dict:
+        host, _, port = str(transfer.get("address")).rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            await wire.send(writer, message)
+            answer = await wire.receive(reader)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+        if not answer.get("ok"):
+            raise TransferError(str(answer.get("error")))
+        return answer
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            with contextlib.suppress(Exception):
+                await self.server.wait_closed()
+            self.server = None
+        self._opened.clear()
+        _agents.pop(self.id, None)

@@ -1,0 +1,291 @@
+"""The planner's pure core: observations in, worker counts out. No I/O, no clock: time is
+the observation's, so a recorded log of observations replays to the same decisions.
+
+One `RolePlanner` per (pool, role); `Planner` routes each observation to its own. Policies:
+
+- `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
+  size the role with `sizing` so the profile meets the targets (× `sla_headroom`). Two
+  correction factors, observed p90 / modelled at the current load for TTFT and for ITL,
+  smoothed and clamped to 0.5–4, scale the profile's prefill and decode times (a fleet
+  behind a frontend is slower than one worker profiled alone; a p90 over a spread of
+  prompt lengths is longer than the TTFT at the mean length). They are kept apart: the
+  TTFT's spread says nothing about decode steps.
+- `load`: one worker more when any worker's KV usage or queue is over its threshold, one
+  fewer when all are under the low thresholds.
+
+Both clamp to [min, max] and the pool's GPU budget and respect cooldowns: scaling up may
+follow any change after `scale_up_cooldown`; scaling down waits `scale_down_cooldown`
+after any change and removes at most `scale_down_step` workers at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+import msgspec
+
+from stator.planner import sizing
+from stator.planner.config import PlannerConfig
+from stator.planner.profile import PerfProfile
+
+
+class WorkerLoad(msgspec.Struct, kw_only=True, omit_defaults=True):
+    kv_usage: float = 0.0  # active / total KV blocks
+    queued_prefill_tokens: int = 0
+    waiting: int = 0
+    context_length: int = 0
+
+
+class RoleObservation(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One interval of one role of one pool, as the metrics reader saw it."""
+
+    pool: str
+    role: str = "aggregated"  # aggregated | prefill | decode
+    workers: int  # the connector's target count (ready + starting)
+    ready: int | None = None
+    requests: int = 0  # requests that arrived in the interval
+    isl: float = 0.0  # mean prompt tokens
+    osl: float = 0.0  # mean output tokens
+    ttft_p90_ms: float | None = None
+    itl_p90_ms: float | None = None
+    loads: list[WorkerLoad] = msgspec.field(default_factory=list)
+
+
+class Observation(msgspec.Struct, kw_only=True):
+    time: float  # seconds, any origin
+    interval: float  # seconds this observation covers
+    roles: list[RoleObservation]
+
+
+class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
+    time: float
+    pool: str
+    role: str
+    current: int
+    desired: int
+    reason: str
+    predicted_rps: float | None = None
+    predicted_isl: float | None = None
+    predicted_osl: float | None = None
+    correction: float | None = None  # TTFT (prefill) correction
+    itl_correction: float | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.desired != self.current
+
+
+def predict(values: list[float], how: str, window: int) -> float:
+    """The next value of a series."""
+    recent = values[-window:]
+    if not recent:
+        return 0.0
+    if how == "constant" or len(recent) == 1:
+        return recent[-1]
+    if how == "moving-average":
+        return statistics.fmean(recent)
+    if how == "max":
+        return max(recent)
+    # trend: least-squares line through the window, one step ahead; never below the last
+    # value when rising (a doubling must not be under-forecast) and never negative.
+    n = len(recent)
+    xs = range(n)
+    mx, my = (n - 1) / 2, statistics.fmean(recent)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, recent, strict=True)) / sxx
+    ahead = my + slope * (n - mx)
+    return max(0.0, max(ahead, recent[-1]) if slope > 0 else ahead)
+
+
+@dataclass
+class RolePlanner:
+    config: PlannerConfig
+    profile: PerfProfile | None
+    pool: str
+    role: str
+    rates: list[float] = field(default_factory=list)
+    isls: list[float] = field(default_factory=list)
+    osls: list[float] = field(default_factory=list)
+    correction: float = 1.0  # prefill times (TTFT)
+    itl_correction: float = 1.0  # decode steps (ITL)
+    last_change: float = -math.inf
+
+    def tick(self, now: float, interval: float, obs: RoleObservation) -> Decision:
+        if obs.requests:
+            self.isls.append(obs.isl)
+            self.osls.append(obs.osl)
+        self.rates.append(obs.requests / interval)
+        if self.config.policy == "sla":
+            desired, reason, extra = self._sla(obs, interval)
+        else:
+            desired, reason, extra = self._load(obs)
+        desired, reason = self._bounded(now, obs.workers, desired, reason)
+        if desired != obs.workers:
+            self.last_change = now
+        return Decision(
+            time=now,
+            pool=self.pool,
+            role=self.role,
+            current=obs.workers,
+            desired=desired,
+            reason=reason,
+            **extra,
+        )
+
+    # -- policies --------------------------------------------------------------------
+
+    def _sla(self, obs: RoleObservation, interval: float) -> tuple[int, str, dict]:
+        c = self.config
+        assert self.profile is not None, "the sla policy needs a profile"
+        rate = predict(self.rates, c.load_predictor, c.predictor_window)
+        isl = predict(self.isls, "moving-average", c.predictor_window) if self.isls else 0.0
+        osl = predict(self.osls, "moving-average", c.predictor_window) if self.osls else 0.0
+        if c.correction:
+            self._correct(obs, interval)
+        extra = {
+            "predicted_rps": round(rate, 4),
+            "predicted_isl": round(isl, 1),
+            "predicted_osl": round(osl, 1),
+            "correction": round(self.correction, 3),
+            "itl_correction": round(self.itl_correction, 3),
+        }
+        if rate <= 0 or not self.isls:
+            return c.min_workers, "no load", extra
+        ttft, itl = c.ttft_target * c.sla_headroom, c.itl_target * c.sla_headroom
+        slow_p, slow_d = self.correction, self.itl_correction
+        if self.role == "prefill":
+            size = sizing.prefill(self.profile, rate, isl, ttft, slow_p)
+        elif self.role == "decode":
+            size = sizing.decode(self.profile, rate, isl, osl, itl, slow_d)
+        else:
+            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl, slow_p, slow_d)
+        reason = f"{rate:.2f} req/s at {size.per_worker_rps:.2f} per worker"
+        return size.workers, reason + (f" ({size.note})" if size.note else ""), extra
+
+    def _correct(self, obs: RoleObservation, interval: float) -> None:
+        """Move the correction factor toward observed / modelled p90 at this interval's
+        load and worker count."""
+        workers = obs.ready or obs.workers
+        if obs.requests < 5 or not workers or self.profile is None:
+            return
+        rate = obs.requests / interval / workers
+        ttft_ratio = itl_ratio = None
+        if self.role == "aggregated":
+            state = sizing.aggregated_state(
+                self.profile, rate, obs.isl, obs.osl, self.correction, self.itl_correction
+            )
+            if state is None:
+                return
+            if obs.ttft_p90_ms is not None:
+                ttft_ratio = obs.ttft_p90_ms / 1000 / state.ttft_s
+            if obs.itl_p90_ms is not None:
+                itl_ratio = obs.itl_p90_ms / 1000 / state.itl_p90_s
+        elif self.role == "prefill" and obs.ttft_p90_ms is not None:
+            ttft_ratio = obs.ttft_p90_ms / (self.profile.ttft_ms(obs.isl) * self.correction)
+        elif self.role == "decode" and obs.itl_p90_ms is not None:
+            context = obs.isl + obs.osl / 2
+            batch = max(1.0, rate * obs.osl * obs.itl_p90_ms / 1000)
+            modelled = self.profile.itl_ms(batch, context) * self.itl_correction
+            itl_ratio = obs.itl_p90_ms / modelled
+        if ttft_ratio is not None:
+            self.correction = _smoothed(self.correction, ttft_ratio)
+        if itl_ratio is not None:
+            self.itl_correction = _smoothed(self.itl_correction, itl_ratio)
+
+    def _load(self, obs: RoleObservation) -> tuple[int, str, dict]:
+        c = self.config
+        loads = obs.loads
+        if not loads:
+            return obs.workers, "no load reports", {}
+
+        def queue(w: WorkerLoad) -> float:
+            tokens = w.queued_prefill_tokens / w.context_length if w.context_length else 0.0
+            return max(tokens, float(w.waiting))
+
+        if any(w.kv_usage > c.kv_usage_up or queue(w) > c.queue_up for w in loads):
+            return obs.workers + 1, "a worker is over its KV or queue threshold", {}
+        if obs.workers > 1 and all(
+            w.kv_usage < c.kv_usage_down and queue(w) < c.queue_down for w in loads
+        ):
+            return obs.workers - 1, "every worker is under the low thresholds", {}
+        return obs.workers, "within thresholds", {}
+
+    # -- bounds and cooldowns --------------------------------------------------------
+
+    def _bounded(self, now: float, current: int, desired: int, reason: str) -> tuple[int, str]:
+        c = self.config
+        if desired < c.min_workers:
+            desired, reason = c.min_workers, reason + f"; min {c.min_workers}"
+        if desired > c.max_workers:
+            desired, reason = c.max_workers, reason + f"; max {c.max_workers}"
+        if c.max_gpu_budget:
+            cap = c.max_gpu_budget // c.gpus_per_worker
+            if desired > cap:
+                desired, reason = cap, reason + f"; GPU budget {c.max_gpu_budget}"
+        since = now - self.last_change
+        if desired > current and since < c.scale_up_cooldown:
+            return current, reason + f"; scale-up cooldown ({since:.0f}s)"
+        if desired < current:
+            if since < c.scale_down_cooldown:
+                return current, reason + f"; scale-down cooldown ({since:.0f}s)"
+            desired = max(desired, current - c.scale_down_step)
+        return desired, reason
+
+
+def _smoothed(factor: float, ratio: float) -> float:
+    """Move a correction factor 30% of the way to factor × ratio, within 0.5–4."""
+    target = min(4.0, max(0.5, factor * ratio))
+    return 0.7 * factor + 0.3 * target
+
+
+class Planner:
+    """Every (pool, role)'s planner. `tick(observation)` -> one decision per role seen."""
+
+    def __init__(self, config: PlannerConfig, profile: PerfProfile | None = None) -> None:
+        config.validate()
+        if config.policy == "sla" and profile is None:
+            raise ValueError("--policy sla needs --profile (from `stator profile`)")
+        self.config = config
+        self.profile = profile
+        self.roles: dict[tuple[str, str], RolePlanner] = {}
+
+    def tick(self, observation: Observation) -> list[Decision]:
+        decisions = []
+        for obs in observation.roles:
+            key = (obs.pool, obs.role)
+            planner = self.roles.get(key)
+            if planner is None:
+                planner = self.roles[key] = RolePlanner(self.config, self.profile, *key)
+            decisions.append(planner.tick(observation.time, observation.interval, obs))
+        self._share_budget(decisions)
+        return decisions
+
+    def _share_budget(self, decisions: list[Decision]) -> None:
+        """Within a pool, prefill and decode share the GPU budget: trim the role that asks
+        for the most above what it has."""
+        budget = self.config.max_gpu_budget // self.config.gpus_per_worker
+        if not budget:
+            return
+        by_pool: dict[str, list[Decision]] = {}
+        for d in decisions:
+            by_pool.setdefault(d.pool, []).append(d)
+        for pool_decisions in by_pool.values():
+            while sum(d.desired for d in pool_decisions) > budget:
+                d = max(pool_decisions, key=lambda d: (d.desired - d.current, d.desired))
+                if d.desired <= max(1, self.config.min_workers):
+                    break
+                d.desired -= 1
+                d.reason += f"; pool GPU budget {self.config.max_gpu_budget}"
+
+
+def replay(config: PlannerConfig, profile: PerfProfile | None, lines: list[str]) -> list[Decision]:
+    """Decisions for a recorded log (one JSON `Observation` per line)."""
+    planner = Planner(config, profile)
+    decoder = msgspec.json.Decoder(Observation)
+    out: list[Decision] = []
+    for line in lines:
+        if line.strip():
+            out.extend(planner.tick(decoder.decode(line)))
+    return out

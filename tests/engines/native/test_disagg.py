@@ -1,0 +1,168 @@
+"""Native engines in the prefill and decode roles, in one process: the decode engine pulls
+the prompt's KV (local and TCP transports) and continues exactly as one engine would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stator.engines.native import NativeConfig
+from stator.engines.registry import create_engine
+from stator.kv.transfer import TransferConfig
+from stator.protocols import EngineRequest, SamplingOptions, StopConditions
+from stator.router.disagg_requests import (
+    as_part_of_original,
+    decode_request,
+    first_output,
+    is_handoff,
+    prefill_request,
+)
+from tests.engines.native.models import prompt
+
+TIMEOUT = 60
+
+
+async def make(model_dir, role: str, kind: str = "auto", timeout: float = 30.0, **config):
+    values = {"device": "cpu", "dtype": "float32", "kv_cache_memory": "4MiB"} | config
+    eng = create_engine("native", NativeConfig(**values), str(model_dir), "tiny")
+    eng.role = role
+    eng.kv_transfer = TransferConfig(kind=kind, timeout=timeout)
+    await eng.start()
+    return eng
+
+
+@pytest.fixture
+async def engines(llama):
+    model_dir, _ = llama
+    made = []
+
+    async def factory(role, kind="auto", **kw):
+        eng = await make(model_dir, role, kind, **kw)
+        made.append(eng)
+        return eng
+
+    yield factory
+    for eng in made:
+        await eng.shutdown()
+
+
+def request(rid: str, tokens: list[int], max_tokens: int, logprobs: int | None = 2):
+    return EngineRequest(
+        request_id=rid,
+        model="tiny",
+        token_ids=tokens,
+        sampling=SamplingOptions(temperature=0.0, logprobs=logprobs),
+        stop=StopConditions(max_tokens=max_tokens, ignore_eos=True),
+    )
+
+
+async def collect(eng, req):
+    return await asyncio.wait_for(_collect(eng, req), TIMEOUT)
+
+
+async def _collect(eng, req):
+    return [out async for out in eng.generate(req)]
+
+
+async def disaggregated(prefill, decode, req):
+    """What the router does, without the router: both halves, told as one stream."""
+    pre = await collect(prefill, prefill_request(req))
+    final = pre[-1]
+    assert is_handoff(final), final
+    outs = [first_output(final)]
+    dec = decode_request(req, final, final.disagg)
+    outs += [as_part_of_original(o, req, final) for o in await collect(decode, dec)]
+    return outs, final
+
+
+def flat(outs):
+    return [t for o in outs for t in o.token_ids]
+
+
+def logprobs(outs):
+    return [lp.logprob for o in outs for lp in (o.logprobs or [])]
+
+
+def used(eng) -> int:
+    return eng.core.blocks.num_used_blocks
+
+
+@pytest.mark.parametrize("kind", ["local", "tcp"])
+async def test_disaggregated_output_is_the_aggregated_output(engines, kind):
+    agg = await engines("aggregated")
+    prefill = await engines("prefill", kind)
+    decode = await engines("decode", kind)
+    for i, (n, max_tokens) in enumerate([(45, 8), (16, 5), (70, 12)]):
+        req = request(f"r{i}", prompt(3 + i, n), max_tokens)
+        expected = await collect(agg, req)
+        outs, final = await disaggregated(prefill, decode, req)
+        assert flat(outs) == flat(expected)
+        assert logprobs(outs) == pytest.approx(logprobs(expected), abs=1e-5)
+        assert outs[-1].usage == expected[-1].usage
+        assert len(final.disagg.remote_block_ids) == -(-n // 16)
+    # Every pin was released by the decode side; nothing held on either side.
+    for _ in range(50):
+        if used(prefill) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert used(prefill) == 0 and used(decode) == 0
+    assert decode.transfers.by_kind == {kind: 3}
+    assert decode.metrics()["kv_transfer_bytes_total"] > 0
+
+
+async def test_decode_side_pulls_only_blocks_it_does_not_cache(engines):
+    prefill = await engines("prefill", "tcp")
+    decode = await engines("decode", "tcp")
+    tokens = prompt(9, 64)
+    await disaggregated(prefill, decode, request("a", tokens, 3))
+    blocks_before = decode.transfers.blocks
+    # Same 64-token prefix plus 20 more: the decode side caches the first 4 blocks.
+    await disaggregated(prefill, decode, request("b", tokens + prompt(10, 20), 3))
+    assert decode.transfers.blocks - blocks_before == 2  # blocks 4 and 5 (partial)
+
+
+async def test_unpulled_pins_expire_and_release_frees_at_once(engines):
+    prefill = await engines("prefill", "tcp", timeout=0.3)
+    pre = await collect(prefill, prefill_request(request("x", prompt(1, 40), 4)))
+    assert used(prefill) == 3 and prefill.core.pinned("x") == pre[-1].disagg.remote_block_ids
+    await asyncio.sleep(0.5)
+    assert used(prefill) == 0 and prefill.core.exports.num_expired == 1
+    await collect(prefill, prefill_request(request("y", prompt(2, 40), 4)))
+    assert used(prefill) == 3
+    assert await prefill.release_kv("y") is True
+    assert used(prefill) == 0 and await prefill.release_kv("y") is False
+
+
+async def test_a_failed_pull_computes_the_prompt_on_the_decode_side(engines):
+    agg = await engines("aggregated")
+    prefill = await engines("prefill", "tcp")
+    decode = await engines("decode", "tcp")
+    req = request("r", prompt(4, 50), 6)
+    expected = await collect(agg, req)
+    pre = await collect(prefill, prefill_request(req))
+    final = pre[-1]
+    await prefill.release_kv(final.disagg.prefill_request_id)  # gone before the pull
+    outs = [first_output(final)]
+    dec = decode_request(req, final, final.disagg)
+    outs += await collect(decode, dec)
+    assert flat(outs) == flat(expected)
+    assert decode.transfers.fallbacks == 1 and used(decode) == 0
+
+
+async def test_an_abort_during_the_pull_frees_blocks_when_it_ends(engines):
+    prefill = await engines("prefill", "tcp")
+    decode = await engines("decode", "tcp")
+    req = request("r", prompt(5, 60), 50)
+    final = (await collect(prefill, prefill_request(req)))[-1]
+    stream = decode.generate(decode_request(req, final, final.disagg))
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+    for _ in range(100):
+        if used(decode) == 0 and used(prefill) == 0 and not decode.core.importing:
+            break
+        await asyncio.sleep(0.02)
+    assert used(decode) == 0 and used(prefill) == 0
