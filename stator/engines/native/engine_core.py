@@ -335,9 +335,33 @@ class EngineCore:
         self.runner.close()
 
     def has_work(self) -> bool:
+        if self.runner.asleep:
+            return False
         # A load still copying holds its blocks: step until it is done and they are free.
         loading = self.offload is not None and self.offload.copying()
         return self.scheduler.has_work() or self._pending is not None or loading
+
+    # -- sleep mode ----------------------------------------------------------------------
+
+    def sleep(self, level: int) -> None:
+        """Drop every request, forget the prefix cache and free the device's memory
+        (`ModelRunner.sleep`). The caller has ended the requests' streams."""
+        if self._pending is not None:
+            self._pending.tokens()  # the launched step must finish before its inputs go
+            self._pending = None
+        for rid in list(self.seqs):
+            self.abort(rid)
+        if self.offload is not None:
+            self.offload.settle()  # copies in flight read or write blocks about to go
+        self.blocks.clear()
+        self.runner.sleep(level)
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        self.runner.wake(tags)
+
+    @property
+    def asleep(self) -> bool:
+        return self.runner.asleep
 
     # -- one step ------------------------------------------------------------------------
 
