@@ -172,6 +172,22 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ],
     ),
     (
+        "Planner",
+        [
+            (
+                "Workers: now and wanted by the planner",
+                "short",
+                [
+                    ("max by (pool, role) (stator_planner_workers)", "now {{pool}} {{role}}"),
+                    (
+                        "max by (pool, role) (stator_planner_desired_workers)",
+                        "wanted {{pool}} {{role}}",
+                    ),
+                ],
+            ),
+        ],
+    ),
+    (
         "Workers",
         [
             (

@@ -24,8 +24,7 @@ from tests.deploy.manifests import (
 # adding to stator right now. Checked when present; skipped while missing. A test warns
 # when an entry has landed: delete it then.
 #   key: (subcommand words, flag)
-PENDING: dict[tuple[str, str], str] = {
-}
+PENDING: dict[tuple[str, str], str] = {}
 # Pods of the vLLM engine (LeaderWorkerSet multi-node) pass vLLM's own engine arguments; they
 # are checked in the vLLM venv (tests/engines/vllm/test_deploy_flags.py).
 VLLM = importlib.util.find_spec("vllm") is not None

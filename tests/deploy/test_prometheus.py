@@ -1,6 +1,6 @@
 """Every dashboard query and alert rule against a real Prometheus (the Debian package)
 scraping a real `stator frontend` and two `stator worker --engine mocker` processes
-(one prefill, one decode) under a
+(one prefill, one decode) and a `stator planner` under a
 short load: each dashboard query returns data, every rule evaluates without error (and each
 recording rule returns data), through Prometheus's HTTP API."""
 
@@ -137,6 +137,30 @@ def test_dashboard_queries_and_rules_on_a_real_prometheus(tmp_path: Path):
         for port, proc in zip(worker_ports, procs, strict=False):
             _wait_http(f"http://127.0.0.1:{port}/health", proc)
         wait_healthy(frontend, http_port)
+        # A planner (load policy, applying nothing) for the Planner row; started once the
+        # frontend answers (a planner that cannot read its frontend exits).
+        planner_port = free_port()
+        procs.append(
+            stator_process(
+                "planner",
+                "--policy",
+                "load",
+                "--connector",
+                "none",
+                "--roles",
+                "prefill,decode",
+                "--discovery",
+                discovery,
+                "--frontend-url",
+                f"http://127.0.0.1:{http_port}",
+                "--adjustment-interval",
+                "1",
+                "--metrics-port",
+                str(planner_port),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
 
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -149,6 +173,10 @@ def test_dashboard_queries_and_rules_on_a_real_prometheus(tmp_path: Path):
                 {
                     "job_name": "stator-worker",
                     "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in worker_ports]}],
+                },
+                {
+                    "job_name": "stator-planner",
+                    "static_configs": [{"targets": [f"127.0.0.1:{planner_port}"]}],
                 },
             ],
         }
@@ -172,7 +200,7 @@ def test_dashboard_queries_and_rules_on_a_real_prometheus(tmp_path: Path):
         while True:
             targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]
             health = {t["scrapeUrl"]: t["health"] for t in targets["activeTargets"]}
-            if len(health) == 3 and set(health.values()) == {"up"}:
+            if len(health) == 4 and set(health.values()) == {"up"}:
                 break
             assert time.monotonic() < deadline, f"targets not all up: {health}"
             time.sleep(0.5)
