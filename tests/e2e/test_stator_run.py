@@ -148,7 +148,7 @@ def test_mocker_card_and_engine_agree_and_refusals_are_400(fleet):
     assert model.max_model_len == 8192
     out = client.completions.create(model=model.id, prompt=[7] * 1280, max_tokens=3)
     assert out.choices[0].finish_reason == "length"
-    with pytest.raises(openai.BadRequestError, match="guided"):
+    with pytest.raises(openai.BadRequestError, match="structured output"):
         client.chat.completions.create(
             model=model.id,
             messages=[{"role": "user", "content": "x"}],
