@@ -86,7 +86,9 @@ async def start_fleet(args, model_dir: Path, roles: list[str], store: str):
         hosts.append(host)
     frontend = await Runtime.create(RuntimeConfig(discovery=f"mem:{store}"))
     card = next(h.card for h in hosts if h.card.role != "prefill")
-    config = RouterConfig(router_mode="kv", router_seed=0)
+    config = RouterConfig(
+        router_mode="kv", router_seed=0, disagg_min_prefill_tokens=args.min_prefill_tokens
+    )
     registry = CollectorRegistry()
     decode_client = await frontend.client("stator.backend.generate", EngineOutput)
     prefill_client = await frontend.client("stator.prefill.generate", EngineOutput)
@@ -238,6 +240,12 @@ def main() -> None:
     ap.add_argument("--num-gpu-blocks", type=int, default=16384)
     ap.add_argument("--kv-bandwidth", type=float, default=64.0, help="GB/s of the simulated link")
     ap.add_argument("--speedup-ratio", type=float, default=4.0)
+    ap.add_argument(
+        "--min-prefill-tokens",
+        type=int,
+        default=512,
+        help="--disagg-min-prefill-tokens: shorter prompts prefill on the decode worker",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
