@@ -146,6 +146,32 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ],
     ),
     (
+        "Disaggregation",
+        [
+            (
+                "Where prompts are computed",
+                "reqps",
+                [
+                    (
+                        "sum by (path, reason) (rate(stator_router_disagg_requests_total[$__rate_interval]))",
+                        "{{path}}: {{reason}}",
+                    )
+                ],
+            ),
+            (
+                "Prefill pool",
+                "short",
+                [
+                    ("max by (model) (stator_router_prefill_workers)", "prefill workers {{model}}"),
+                    (
+                        "max by (model) (stator_router_prefill_queue_tokens)",
+                        "queued prompt tokens {{model}}",
+                    ),
+                ],
+            ),
+        ],
+    ),
+    (
         "Workers",
         [
             (

@@ -304,20 +304,30 @@ class HttpClient:
         """Send a request; returns once the response head arrived (read the body from the
         returned object, then call `release`). `head_timeout=False` when the caller holds
         its own time limit over the whole exchange (one timer per request, not two)."""
-        conn = await self._connection()
         head = (
             f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             f"{self._extra}\r\n"
         ).encode("latin-1")
-        assert conn.transport is not None
-        conn.transport.write(head + body)
-        if not head_timeout:
-            await conn.head()
-            return conn
-        async with asyncio.timeout(self.timeout):  # (no task per request, unlike wait_for)
-            await conn.head()
-        return conn
+        for attempt in range(2):
+            reused = attempt == 0 and any(not c.closed for c in self._idle)
+            conn = await self._connection()
+            assert conn.transport is not None
+            conn.transport.write(head + body)
+            try:
+                if not head_timeout:
+                    await conn.head()
+                    return conn
+                async with asyncio.timeout(self.timeout):  # (no task per request)
+                    await conn.head()
+                return conn
+            except HttpError:
+                # A kept-alive connection the server closed (its keep-alive timeout) just
+                # as the request went out: nothing of a response came, so the server never
+                # read it. Retry on a fresh connection, as HTTP clients do; only then fail.
+                if not (reused and conn.closed and not conn._head):
+                    raise
+        raise AssertionError("unreachable")
 
     def release(self, conn: _Response) -> None:
         """Give the connection back when its response was read whole."""

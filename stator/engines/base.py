@@ -107,6 +107,10 @@ class Engine(abc.ABC):
     async def wake(self, tags: list[str] | None = None) -> None:
         raise Unsupported(f"{type(self).__name__} does not support sleep mode")
 
+    def is_sleeping(self) -> bool:
+        """Whether `sleep` left the engine asleep (a partial `wake` keeps it so)."""
+        return False
+
     async def shutdown(self) -> None:
         """Stop background loops and free resources."""
 

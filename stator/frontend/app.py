@@ -34,6 +34,7 @@ from stator.frontend.responses import ModelList, ModelObject, to_json
 from stator.frontend.responses_api import create_response
 from stator.frontend.routing_hints import set_target_worker
 from stator.frontend.security import HttpGuard, load_api_keys
+from stator.frontend.worker_admin import install_worker_admin_routes, sleeping_error
 from stator.llm.responses import InMemoryResponseStore
 from stator.logs import request_id_var
 
@@ -135,6 +136,8 @@ def create_app(
     app.state.metrics = metrics
     app.state.response_store = InMemoryResponseStore(config.responses_store_size)
 
+    worker_admin = install_worker_admin_routes(app, manager)
+
     async def resolve(model: str) -> ModelPipeline:
         if model not in manager.models and config.model_wait_timeout > 0:
             try:
@@ -154,7 +157,7 @@ def create_app(
                 code="model_load_failed",
             ) from exc
         if pipeline is None:
-            raise errors.model_not_found(model)
+            raise sleeping_error(worker_admin, model) or errors.model_not_found(model)
         return pipeline
 
     # The generation routes parse their body themselves: pydantic-core validates the raw
@@ -195,7 +198,10 @@ def create_app(
 
     def model_object(name: str) -> ModelObject:
         entry = manager.models[name]
-        return ModelObject(id=name, created=entry.created, max_model_len=entry.card.context_length)
+        obj = ModelObject(id=name, created=entry.created, max_model_len=entry.card.context_length)
+        if entry.card.base_model:  # a LoRA adapter, listed as vLLM lists it
+            obj.parent = entry.card.base_model
+        return obj
 
     @app.get("/v1/models")
     async def list_models() -> Response:

@@ -76,12 +76,14 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
-def no_workers(model: str) -> ApiError:
+def no_workers(model: str, detail: str = "") -> ApiError:
     return ApiError(
         503,
-        f"No live worker serves model `{model}` right now; retry later.",
+        f"No live worker serves model `{model}` right now{detail}; retry later.",
         type="service_unavailable",
         code="no_instances",
+        # Workers come back (or others are started) on the scale of a discovery TTL.
+        headers={"Retry-After": "2"},
     )
 
 

@@ -60,6 +60,16 @@ class ModelEntry:
     pipeline: asyncio.Task[ModelPipeline] | None = None
     router: Any = None  # from a RouteSource
 
+    def instance_ids(self) -> set[int]:
+        """The workers that publish this model's card (key `.../{instance:x}[/suffix]`)."""
+        out = set()
+        for key in self.keys:
+            try:
+                out.add(int(key.split("/")[5], 16))
+            except (IndexError, ValueError):
+                continue
+        return out
+
 
 class ModelManager:
     def __init__(
@@ -140,12 +150,15 @@ class ModelManager:
         self._key_model[key] = card.name
 
     async def _build(self, entry: ModelEntry) -> ModelPipeline:
+        # A LoRA adapter goes only to the workers that loaded it (that publish its card).
+        allowed = entry.instance_ids if entry.card.base_model else None
         pipeline = await ModelPipeline.create(
             self.runtime,
             entry.card,
             entry.endpoint,
             self.router_config,
             self.metrics,
+            allowed_workers=allowed,
             router=entry.router,
         )
         log.info("pipeline for %s ready", entry.name)

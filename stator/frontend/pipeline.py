@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 import msgspec
@@ -170,6 +170,8 @@ class ModelPipeline:
     ) -> None:
         self.card = card
         self.name = card.name
+        # A LoRA adapter's card: requests name the adapter (KV hashes and routing use it).
+        self.lora_name = card.name if card.base_model else None
         self.files = files
         self.tokenizer = files.tokenizer
         self.template = files.chat_template
@@ -192,17 +194,27 @@ class ModelPipeline:
         endpoint: EndpointName,
         router_config: RouterConfig,
         metrics: FrontendMetrics,
+        allowed_workers: Callable[[], Collection[int]] | None = None,
         router: Any = None,
     ) -> ModelPipeline:
-        """`router`: a router-shaped object to use instead of the routers over `endpoint`
-        and its prefill workers (the global router's view of the model: `generate`, busy
-        thresholds, `client`, `close`)."""
+        """`allowed_workers`: the only workers to route to (those that publish this card,
+        for a LoRA adapter that not every worker of the endpoint has loaded). `router`: a
+        router-shaped object to use instead of the routers over `endpoint` and its prefill
+        workers (the global router's view of the model: `generate`, busy thresholds,
+        `client`, `close`)."""
         # Reading and parsing tokenizer.json takes tens of ms: keep it off the event loop.
         files = await asyncio.to_thread(ModelFiles.from_card, card)
         if router is not None:
             return cls(card, files, router.client, router, metrics, disagg=router)
         client = await runtime.client(endpoint, EngineOutput)
-        router = Router(runtime, client, card, router_config, registry=metrics.registry)
+        router = Router(
+            runtime,
+            client,
+            card,
+            router_config,
+            registry=metrics.registry,
+            allowed_workers=allowed_workers,
+        )
         # Prefill workers of this namespace, wherever the model's own workers serve.
         prefill_endpoint = EndpointName(endpoint.namespace, PREFILL_COMPONENT, endpoint.endpoint)
         prefill_client = await runtime.client(prefill_endpoint, EngineOutput)
@@ -356,6 +368,7 @@ class ModelPipeline:
                 request = EngineRequest(
                     request_id=request_id if index == 0 else f"{request_id}-{index}",
                     model=self.name,
+                    lora_name=self.lora_name,
                     token_ids=ids,
                     prompt_embeds=None if embeds is None else embeds.data,
                     prompt_embeds_shape=None if embeds is None else embeds.shape,

@@ -138,6 +138,7 @@ class ModelObject(msgspec.Struct):
     owned_by: str = "stator"
     object: str = "model"
     max_model_len: int | UnsetType = UNSET
+    parent: str | UnsetType = UNSET  # a LoRA adapter's base model
 
 
 class ModelList(msgspec.Struct):

@@ -156,6 +156,7 @@ async def running_frontend(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         sock.close()
+        await app.state.worker_admin.close()
         await manager.close()
 
 
@@ -219,4 +220,5 @@ async def serve_frontend(
         if stopper is not None:
             stopper.cancel()
         sock.close()
+        await app.state.worker_admin.close()
         await manager.close()

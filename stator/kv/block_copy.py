@@ -106,7 +106,7 @@ class BlockMover:
             # The staging memory belongs to the current stream's allocator pool: keep it
             # from being reused until the copy stream has read it.
             staged.record_stream(self.stream)
-            return self.stream.record_event()
+            return self.stream.record_event(torch.cuda.Event(enable_timing=True))
 
     def load(
         self,
@@ -131,7 +131,7 @@ class BlockMover:
             )
             _copy_runs(host, slots, staged, to_host=False)
             scatter(self.pool, block_ids, staged)
-            return self.stream.record_event(torch.cuda.Event(enable_timing=start is not None))
+            return self.stream.record_event(torch.cuda.Event(enable_timing=True))
 
     def wait(self, event: torch.cuda.Event | None) -> None:
         """Make the current stream wait for `event` (no host wait)."""

@@ -16,9 +16,12 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 
 from stator.protocols import EngineOutput, EngineRequest, Usage
-from stator.runtime.errors import Migratable
+from stator.runtime.errors import ConnectionRefused, Migratable
 
 log = logging.getLogger(__name__)
+
+# Workers whose connection was refused that one request skips before it gives up.
+MAX_REFUSED = 8
 
 # Opens one attempt: streams `request` from a worker it picks, never one in `tried`, and
 # adds the worker it picked to `tried` before streaming.
@@ -65,6 +68,7 @@ async def migrating(
     tried: set[int] = set()
     current = request
     migrations = 0
+    refused = 0
     resumed_after = 0  # tokens generated before the current attempt
     migratable = request.sampling.guided_decoding is None and request.prompt_embeds is None
     while True:
@@ -76,6 +80,23 @@ async def migrating(
                 generated.extend(output.token_ids)
                 yield output
             return
+        except ConnectionRefused:
+            # Nothing reached the worker (its address refused the connection: it is gone),
+            # so another may take the request whatever the migration limit. A request
+            # pinned to that worker fails.
+            refused += 1
+            pinned = current.routing is not None and current.routing.target_worker_id
+            if refused > MAX_REFUSED or pinned or (generated and not migratable):
+                raise
+            if not generated:
+                log.info(
+                    "request %s: a worker refused the connection; retrying", request.request_id
+                )
+                continue
+            if migrations >= limit:
+                raise
+            migrations += 1
+            on_migrate(True)
         except Migratable as exc:
             if migrations >= limit or not migratable:
                 raise

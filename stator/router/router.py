@@ -15,7 +15,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import msgspec
@@ -65,8 +65,11 @@ class Router:
         config: RouterConfig,
         *,
         registry: CollectorRegistry | None = None,
+        allowed_workers: Callable[[], Collection[int]] | None = None,
     ) -> None:
         config.validate()
+        # Where set, only these workers may serve (a LoRA adapter's: those that loaded it).
+        self.allowed_workers = allowed_workers
         self.runtime = runtime
         self.client = client
         self.card = card
@@ -244,11 +247,12 @@ class Router:
 
     def candidates(self, exclude: set[int] | frozenset[int] = frozenset()) -> list[WorkerKey]:
         """Every live (worker, dp_rank), less the workers in `exclude`."""
+        ids = self.client.instance_ids()
+        if self.allowed_workers is not None:
+            allowed = self.allowed_workers()
+            ids = [wid for wid in ids if wid in allowed]
         return [
-            (wid, rank)
-            for wid in sorted(self.client.instance_ids())
-            if wid not in exclude
-            for rank in range(self.ranks)
+            (wid, rank) for wid in sorted(ids) if wid not in exclude for rank in range(self.ranks)
         ]
 
     def _eligible(self, request: EngineRequest, tried: set[int]) -> list[WorkerKey]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from stator.protocols import decode
-from stator.runtime.errors import CannotConnect, NoInstances
+from stator.runtime.errors import CannotConnect, ConnectionRefused, NoInstances
 from stator.runtime.names import EndpointName, InstanceInfo, instance_id_from_key, instances_prefix
 from stator.runtime.tasks import cancel_and_wait
 
@@ -38,6 +38,9 @@ class Client:
         self._changed = asyncio.Event()
         self._watch_task: asyncio.Task | None = None
         self._ready = asyncio.Event()
+        # Instances whose address refused a connection: out of `instances` until discovery
+        # removes them or `DOWN_SECONDS` pass (then they are tried again).
+        self._down: dict[int, tuple[InstanceInfo, asyncio.TimerHandle]] = {}
 
     async def start(self) -> None:
         if self._watch_task is None:
@@ -65,9 +68,11 @@ class Client:
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     log.warning("ignoring malformed instance record %s", event.key)
                     continue
+                self._forget_down(iid)
                 self.instances[iid] = info
                 self._notify(iid, info)
             else:
+                self._forget_down(iid)
                 if self.instances.pop(iid, None) is not None:
                     self._notify(iid, None)
             pending.discard(event.key)
@@ -82,6 +87,36 @@ class Client:
                 listener(iid, info)
             except Exception:
                 log.exception("instance listener failed")
+
+    def mark_down(self, instance_id: int, seconds: float | None = None) -> None:
+        """Take an instance out of `instances` now (its address refused a connection: a
+        killed worker whose discovery entry has not expired yet). It comes back after
+        `seconds` (default: the discovery TTL) unless discovery removes it first."""
+        info = self.instances.pop(instance_id, None)
+        if info is None:
+            return
+        if seconds is None:
+            seconds = max(1.0, self.runtime.config.discovery_ttl)
+        log.warning(
+            "instance %x of %s refused a connection: marked down for %.0fs",
+            instance_id,
+            self.endpoint,
+            seconds,
+        )
+        timer = asyncio.get_running_loop().call_later(seconds, self._back_up, instance_id)
+        self._down[instance_id] = (info, timer)
+        self._notify(instance_id, None)
+
+    def _back_up(self, instance_id: int) -> None:
+        entry = self._down.pop(instance_id, None)
+        if entry is not None and instance_id not in self.instances:
+            self.instances[instance_id] = entry[0]
+            self._notify(instance_id, entry[0])
+
+    def _forget_down(self, instance_id: int) -> None:
+        entry = self._down.pop(instance_id, None)
+        if entry is not None:
+            entry[1].cancel()
 
     def on_change(self, listener: InstanceListener) -> None:
         """Call `listener` whenever an instance appears or disappears."""
@@ -115,6 +150,9 @@ class Client:
         try:
             async for item in stream:
                 yield item
+        except ConnectionRefused:
+            self.mark_down(instance_id)
+            raise
         finally:
             await stream.aclose()
 
@@ -123,6 +161,9 @@ class Client:
         return [item async for item in self.generate(instance_id, request)]
 
     async def close(self) -> None:
+        for _, timer in self._down.values():
+            timer.cancel()
+        self._down.clear()
         if self._watch_task is not None:
             await cancel_and_wait([self._watch_task])
             self._watch_task = None

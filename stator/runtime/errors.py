@@ -41,3 +41,8 @@ class DiscoveryUnavailable(RuntimeErrorBase):
 
 class EventPlaneUnavailable(RuntimeErrorBase):
     """The event-plane server (NATS) cannot be reached."""
+
+
+class ConnectionRefused(CannotConnect):
+    """Nothing listens at the instance's address any more (a killed worker whose
+    discovery entry has not expired yet): the caller marks the instance down at once."""

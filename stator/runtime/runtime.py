@@ -8,6 +8,7 @@ its discovery lease id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from stator.runtime.request_plane import (
     make_client,
     make_server,
 )
+from stator.runtime.security import FleetSecurity, client_tls
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,61 @@ class RuntimeConfig:
     graceful_shutdown_timeout: float = option(
         30.0, "Seconds to let in-flight requests finish after SIGTERM"
     )
+    # -- who may talk to whom (stator.runtime.security) --------------------------------
+    fleet_secret: str | None = option(
+        None,
+        "Shared secret every frontend and worker must prove (HMAC handshake) before the TCP "
+        "request plane serves it; set the same on all",
+        secret=True,
+    )
+    fleet_secret_file: str | None = option(None, "File holding --fleet-secret")
+    fleet_tls_cert: str | None = option(
+        None, "Certificate (PEM) for mutual TLS on the TCP request plane"
+    )
+    fleet_tls_key: str | None = option(None, "Private key (PEM) of --fleet-tls-cert")
+    fleet_tls_ca: str | None = option(
+        None, "CA (PEM) that signs every fleet member's certificate; others are refused"
+    )
+    nats_tls_ca: str | None = option(None, "CA (PEM) to verify the NATS server (turns on TLS)")
+    nats_tls_cert: str | None = option(None, "Client certificate (PEM) for NATS")
+    nats_tls_key: str | None = option(None, "Private key (PEM) of --nats-tls-cert")
+    nats_creds: str | None = option(None, "NATS credentials file (JWT + NKey seed)")
+    nats_token: str | None = option(None, "NATS authentication token", secret=True)
+    etcd_tls_ca: str | None = option(None, "CA (PEM) to verify etcd (turns on https)")
+    etcd_tls_cert: str | None = option(None, "Client certificate (PEM) for etcd")
+    etcd_tls_key: str | None = option(None, "Private key (PEM) of --etcd-tls-cert")
+    etcd_user: str | None = option(None, "etcd user (with --etcd-password)")
+    etcd_password: str | None = option(None, "etcd password", secret=True)
+
+    def fleet_security(self) -> FleetSecurity:
+        return FleetSecurity.build(
+            self.fleet_secret,
+            self.fleet_secret_file,
+            self.fleet_tls_cert,
+            self.fleet_tls_key,
+            self.fleet_tls_ca,
+        )
+
+    def nats_options(self) -> dict[str, Any]:
+        """TLS and credentials for nats-py's `connect` (a user:password may also be in the
+        URL)."""
+        options: dict[str, Any] = {}
+        if self.nats_tls_ca or self.nats_tls_cert:
+            options["tls"] = client_tls(self.nats_tls_ca, self.nats_tls_cert, self.nats_tls_key)
+        if self.nats_creds:
+            options["user_credentials"] = self.nats_creds
+        if self.nats_token:
+            options["token"] = self.nats_token
+        return options
+
+    def etcd_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.etcd_tls_ca or self.etcd_tls_cert:
+            options["tls"] = client_tls(self.etcd_tls_ca, self.etcd_tls_cert, self.etcd_tls_key)
+        if self.etcd_user:
+            options["user"] = self.etcd_user
+            options["password"] = self.etcd_password or ""
+        return options
 
     def resolved_request_plane(self) -> str:
         if self.request_plane != "auto":
@@ -77,13 +134,17 @@ class Runtime:
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
         self.namespace = config.namespace
-        self.discovery: Discovery = open_discovery(config.discovery, ttl=config.discovery_ttl)
+        self.discovery: Discovery = open_discovery(
+            config.discovery, ttl=config.discovery_ttl, **config.etcd_options()
+        )
+        self.security = config.fleet_security()
         self.instance_id = self.discovery.lease_id
         self.event_plane: EventPlane = open_event_plane(
             config.resolved_event_plane(),
             discovery=self.discovery,
             namespace=config.namespace,
             host=config.host,
+            nats_options=config.nats_options(),
         )
         self._transport = config.resolved_request_plane()
         self._server: RequestServer | None = None
@@ -96,7 +157,15 @@ class Runtime:
     @classmethod
     async def create(cls, config: RuntimeConfig | None = None) -> Runtime:
         runtime = cls(config or RuntimeConfig())
-        await runtime.start()
+        try:
+            await runtime.start()
+        except BaseException:
+            # Close what did open (an etcd HTTP session, a NATS connection).
+            with contextlib.suppress(Exception):
+                await runtime.event_plane.close()
+            with contextlib.suppress(Exception):
+                await runtime.discovery.close()
+            raise
         return runtime
 
     async def start(self) -> None:
@@ -112,7 +181,9 @@ class Runtime:
 
     async def _ensure_server(self) -> RequestServer:
         if self._server is None:
-            server = make_server(self._transport, self.config.host, self.config.rpc_port)
+            server = make_server(
+                self._transport, self.config.host, self.config.rpc_port, self.security
+            )
             await server.start()
             self._server = server
         return self._server
@@ -176,7 +247,7 @@ class Runtime:
     def request_client(self, transport: str) -> RequestClient:
         client = self._clients.get(transport)
         if client is None:
-            client = self._clients[transport] = make_client(transport)
+            client = self._clients[transport] = make_client(transport, self.security)
         return client
 
     async def client(self, name: str | EndpointName, response_type: Any = Any) -> Client:

@@ -21,10 +21,18 @@ class AdminOps:
     loaded or unloaded (the host republishes its card then)."""
 
     def __init__(
-        self, engine: Engine, on_loras_changed: Callable[[], Awaitable[None]] | None = None
+        self,
+        engine: Engine,
+        on_loras_changed: Callable[[], Awaitable[None]] | None = None,
+        *,
+        before_sleep: Callable[[], Awaitable[None]] | None = None,
+        after_wake: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         self.on_loras_changed = on_loras_changed
+        # The host leaves discovery before the engine sleeps and returns once it is awake.
+        self.before_sleep = before_sleep
+        self.after_wake = after_wake
         self.ops: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "clear_kv": self._clear_kv,
             "kv_state": self._kv_state,
@@ -34,6 +42,7 @@ class AdminOps:
             "list_loras": self._list_loras,
             "sleep": self._sleep,
             "wake": self._wake,
+            "is_sleeping": self._is_sleeping,
         }
 
     async def handle(self, request: AdminRequest) -> AdminResponse:
@@ -81,15 +90,29 @@ class AdminOps:
         level = args.get("level", 1)
         if not isinstance(level, int) or isinstance(level, bool) or level < 1:
             raise ValueError(f"level must be a positive integer, got {level!r}")
-        await self.engine.sleep(level)
+        if self.before_sleep is not None:
+            await self.before_sleep()
+        try:
+            await self.engine.sleep(level)
+        except BaseException:
+            if self.after_wake is not None:  # still awake: serve again
+                await self.after_wake()
+            raise
 
-    async def _wake(self, args: dict[str, Any]) -> None:
+    async def _wake(self, args: dict[str, Any]) -> Any:
         tags = args.get("tags")
         if tags is not None and not (
             isinstance(tags, list) and all(isinstance(t, str) for t in tags)
         ):
             raise ValueError(f"tags must be a list of strings, got {tags!r}")
         await self.engine.wake(tags)
+        asleep = self.engine.is_sleeping()
+        if not asleep and self.after_wake is not None:
+            await self.after_wake()
+        return {"is_sleeping": asleep}
+
+    async def _is_sleeping(self, args: dict[str, Any]) -> Any:
+        return {"is_sleeping": self.engine.is_sleeping()}
 
     async def _loras_changed(self) -> None:
         if self.on_loras_changed is not None:

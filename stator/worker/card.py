@@ -3,6 +3,7 @@ command line, plus the model's tokenizer and template files for frontends on oth
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -49,6 +50,23 @@ def inline_files(paths: list[Path], limit: int) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in paths}
 
 
+# config.json `model_type` -> (reasoning parser, tool-call parser) a model of that type
+# needs to answer at all (GPT-OSS writes only Harmony channels); --reasoning-parser and
+# --tool-call-parser still win.
+MODEL_TYPE_PARSERS = {"gpt_oss": ("gpt_oss", "harmony")}
+
+
+def default_parsers(model_dir: Path | None) -> tuple[str | None, str | None]:
+    path = model_dir / "config.json" if model_dir is not None else None
+    if path is None or not path.is_file():
+        return None, None
+    try:
+        model_type = json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None, None
+    return MODEL_TYPE_PARSERS.get(model_type, (None, None))
+
+
 def build_card(
     engine_card: ModelCard, config: WorkerConfig, served_name: str, model_dir: Path | None
 ) -> ModelCard:
@@ -56,10 +74,13 @@ def build_card(
     changes: dict = {"name": served_name, "migration_limit": config.migration_limit}
     if config.role != "aggregated":
         changes["role"] = config.role
-    if config.reasoning_parser is not None:
-        changes["reasoning_parser"] = config.reasoning_parser
-    if config.tool_call_parser is not None:
-        changes["tool_call_parser"] = config.tool_call_parser
+    reasoning, tools = default_parsers(model_dir)
+    reasoning = config.reasoning_parser or engine_card.reasoning_parser or reasoning
+    tools = config.tool_call_parser or engine_card.tool_call_parser or tools
+    if reasoning is not None:
+        changes["reasoning_parser"] = reasoning
+    if tools is not None:
+        changes["tool_call_parser"] = tools
     if config.max_model_len:
         if config.max_model_len < 0:
             raise ValueError(f"--max-model-len must be positive, got {config.max_model_len}")

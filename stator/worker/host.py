@@ -81,7 +81,13 @@ class WorkerHost:
         self._card_key: str | None = None
         self._lora_card_keys: dict[str, str] = {}
         self._tasks: list[asyncio.Task] = []
-        self._admin = AdminOps(engine, on_loras_changed=self._republish_card)
+        self._admin = AdminOps(
+            engine,
+            on_loras_changed=self._republish_card,
+            before_sleep=self._leave_for_sleep,
+            after_wake=self._return_after_wake,
+        )
+        self.sleeping = False
         self._started = False
 
     # -- start and stop ----------------------------------------------------------------
@@ -250,6 +256,8 @@ class WorkerHost:
             return
         loras = self.engine.list_loras()
         self.card = msgspec.structs.replace(self.card, loras=loras)
+        if self.sleeping:
+            return  # published on waking
         self._card_key = await self.runtime.publish_model_card(self.endpoint, self.card)
         wanted = {}
         for lora in loras:
@@ -264,6 +272,29 @@ class WorkerHost:
             if name not in wanted:
                 await self.runtime.remove_model_card(key)
         self._lora_card_keys = wanted
+
+    async def _leave_for_sleep(self) -> None:
+        """Out of discovery (generate endpoint and cards) before the engine sleeps, so no
+        router sends it a request; the admin endpoint stays, to wake it."""
+        if self.sleeping or self.card is None:
+            return
+        self.sleeping = True
+        await self.runtime.unserve(self.endpoint)
+        for key in [self._card_key, *self._lora_card_keys.values()]:
+            if key is not None:
+                await self.runtime.remove_model_card(key)
+        self._lora_card_keys = {}
+        log.info("left discovery to sleep")
+
+    async def _return_after_wake(self) -> None:
+        if not self.sleeping or self.card is None or self.failure is not None:
+            return
+        await self.runtime.serve(self.endpoint, self._generate, EngineRequest)
+        self.sleeping = False
+        self._card_key = await self.runtime.publish_model_card(self.endpoint, self.card)
+        if self.engine.list_loras():
+            await self._republish_card()
+        log.info("awake: back in discovery")
 
     # -- background loops --------------------------------------------------------------
 
@@ -298,6 +329,8 @@ class WorkerHost:
     async def _health_loop(self) -> None:
         while self.failure is None:
             await asyncio.sleep(self.config.health_check_interval)
+            if self.sleeping:
+                continue  # a sleeping engine answers no probe, by design
             problem = await self.check_health()
             if problem is not None:
                 self.fatal(f"health check failed: {problem}")

@@ -166,3 +166,51 @@ async def test_response_ends_only_after_the_last_chunks_line_end_and_trailers():
     with_trailer = raw[:-2] + b"X-Checksum: 1\r\n\r\n"
     resp, body = await feed(with_trailer, [len(with_trailer) - 5])
     assert resp.finished and body == b"abc"
+
+
+async def test_a_kept_alive_connection_closed_under_a_request_is_retried_once():
+    """The server closes an idle kept-alive connection (its keep-alive timeout) just as the
+    next request goes out on it: no byte of a response came, so the client sends the
+    request again on a new connection. A new connection that closes is an error."""
+    served: list[int] = []
+    close_all = False
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        on_this_connection = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                served.append(on_this_connection)
+                if close_all or on_this_connection == 1:
+                    return  # closes the connection without an answer
+                on_this_connection += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            return
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        http = HttpClient(f"http://127.0.0.1:{port}", timeout=5)
+        for _ in range(2):
+            resp = await http.request("POST", "/a", b"{}")
+            assert await resp.read() == b"ok"
+            http.release(resp)
+        # The second request met the closing connection and went again on a new one.
+        assert served == [0, 1, 0]
+        close_all = True
+        with pytest.raises(HttpError):  # kept alive: closed, retried, closed again
+            await http.request("POST", "/a", b"{}")
+        assert len(served) == 5
+        with pytest.raises(HttpError):  # a new connection that closes: no retry
+            await http.request("POST", "/a", b"{}")
+        assert len(served) == 6
+        http.close()
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -122,6 +122,8 @@ def _invocations(words: list[str]) -> Iterator[list[str]]:
         current: list[str] = []
         for tok in [*tokens, ";"]:
             if tok in _SHELL_BREAKS:
+                if current and current[0] == "exec":
+                    current = current[1:]
                 if current and Path(current[0]).name == "stator":
                     yield current[1:]
                 current = []

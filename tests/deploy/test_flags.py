@@ -25,7 +25,6 @@ from tests.deploy.manifests import (
 # when an entry has landed: delete it then.
 #   key: (subcommand words, flag)
 PENDING: dict[tuple[str, str], str] = {
-    ("worker", "--role"): "#15 disaggregation: `stator worker --role` for every engine",
 }
 # Pods of the vLLM engine (LeaderWorkerSet multi-node) pass vLLM's own engine arguments; they
 # are checked in the vLLM venv (tests/engines/vllm/test_deploy_flags.py).

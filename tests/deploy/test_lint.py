@@ -77,7 +77,7 @@ def test_promtool_check_rules():
 def test_dashboard_covers_frontend_router_and_workers():
     dashboard = json.loads((DEPLOY / "monitoring" / "grafana-dashboard.json").read_text())
     rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert rows == ["Frontend", "Router", "Workers"]
+    assert rows == ["Frontend", "Router", "Disaggregation", "Workers"]
     text = json.dumps(dashboard)
     for metric in (
         "stator_frontend_requests_total",
@@ -89,6 +89,7 @@ def test_dashboard_covers_frontend_router_and_workers():
         "stator_worker_kv_usage",
         "stator_worker_running_requests",
         "stator_worker_preemptions_total",
+        "stator_router_disagg_requests_total",
     ):
         assert metric in text, metric
 

@@ -1,5 +1,6 @@
 """Every dashboard query and alert rule against a real Prometheus (the Debian package)
-scraping a real `stator frontend` and two `stator worker --engine mocker` processes under a
+scraping a real `stator frontend` and two `stator worker --engine mocker` processes
+(one prefill, one decode) under a
 short load: each dashboard query returns data, every rule evaluates without error (and each
 recording rule returns data), through Prometheus's HTTP API."""
 
@@ -100,10 +101,15 @@ def test_dashboard_queries_and_rules_on_a_real_prometheus(tmp_path: Path):
     http_port, prom_port = free_port(), free_port()
     worker_ports = [free_port(), free_port()]
     with _processes() as procs:
-        for port in worker_ports:
+        # One prefill and one decode worker: the disaggregation panels need both roles.
+        for port, role in zip(worker_ports, ("prefill", "decode"), strict=True):
             procs.append(
                 stator_process(
                     "worker",
+                    "--role",
+                    role,
+                    "--kv-transfer",
+                    "tcp",
                     "--engine",
                     "mocker",
                     "--served-model-name",
@@ -124,7 +130,7 @@ def test_dashboard_queries_and_rules_on_a_real_prometheus(tmp_path: Path):
             )
         frontend = stator_process(
             "frontend", "--discovery", discovery, "--http-port", str(http_port),
-            "--router-mode", "kv",
+            "--router-mode", "kv", "--disagg-min-prefill-tokens", "0",
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         procs.append(frontend)

@@ -18,6 +18,7 @@ from tests.deploy.manifests import (
     rel,
     render,
     render_targets,
+    stator_calls,
 )
 
 kv = pytest.importorskip("kubernetes_validate.utils", reason="pip install kubernetes-validate")
@@ -157,20 +158,50 @@ def test_recipes_cover_every_model_and_mode():
     for model in ("llama-3.1-8b", "gpt-oss-20b", "gpt-oss-120b"):
         for mode in ("agg", "disagg"):
             assert f"recipes/{model}/{mode}" in names
+    assert "recipes/llama-3.1-405b/multinode" in names
+
+
+def test_multinode_worker_spans_nodes_with_vllm_over_ray():
+    """The LeaderWorkerSet's parallelism matches its GPUs: TP x PP = GPUs per node x size."""
+    [lws] = [
+        o
+        for o in render(DEPLOY / "recipes" / "llama-3.1-405b" / "multinode")
+        if o["kind"] == "LeaderWorkerSet"
+    ]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    size = template["size"]
+    leader = template["leaderTemplate"]["spec"]["containers"][0]
+    follower = template["workerTemplate"]["spec"]["containers"][0]
+    gpus = int(leader["resources"]["limits"]["nvidia.com/gpu"])
+    assert int(follower["resources"]["limits"]["nvidia.com/gpu"]) == gpus
+    env = {e["name"]: e.get("value") for e in leader["env"]}
+    assert int(env["GPUS_PER_NODE"]) == gpus
+    [call] = [c for c in stator_calls(DEPLOY / "recipes" / "llama-3.1-405b" / "multinode")
+              if c.subcommand == ["worker"]]  # fmt: skip
+    assert call.flag_value("--engine") == "vllm"
+    assert call.flag_value("--distributed-executor-backend") == "ray"
+    tp = int(call.flag_value("--tensor-parallel-size"))
+    pp = int(call.flag_value("--pipeline-parallel-size"))
+    assert tp == gpus and tp * pp == gpus * size
+    assert "$LWS_LEADER_ADDRESS:6379" in follower["args"][0]
+    # No Deployment of aggregated workers is left beside it.
+    kinds = [o["kind"] for o in render(DEPLOY / "recipes" / "llama-3.1-405b" / "multinode")
+             if o["kind"] in ("Deployment", "LeaderWorkerSet")
+             and o["metadata"]["name"].startswith("stator-worker")]  # fmt: skip
+    assert kinds == ["LeaderWorkerSet"]
 
 
 @pytest.mark.parametrize("target", _recipe_dirs(), ids=rel)
 def test_recipe_workers_request_gpus_and_mount_the_cache_read_only(target: Path):
-    workers = [
-        (obj, spec)
+    gpu_pods = [
+        spec
         for obj in render(target)
-        for where, spec in pod_specs(obj)
-        if obj["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
-        or where == "leaderTemplate"
+        for _, spec in pod_specs(obj)
+        if any(c["name"] in ("worker", "ray-follower") for c in spec["containers"])
     ]
-    assert workers
-    for _, spec in workers:
-        c = next(c for c in spec["containers"] if c["name"] == "worker")
+    assert gpu_pods
+    for spec in gpu_pods:
+        c = spec["containers"][0]
         assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1
         mounts = {m["name"]: m for m in c["volumeMounts"]}
         assert mounts["model-cache"]["readOnly"] is True

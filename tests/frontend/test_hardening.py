@@ -90,3 +90,12 @@ def test_unknown_chat_roles_are_400(http):
 def test_empty_responses_input_names_input(http):
     resp = http.post("/v1/responses", json={"model": STORY, "input": []})
     assert resp.status_code == 400 and error_of(resp)["param"] == "input"
+
+
+def test_503s_carry_retry_after(http):
+    headers = {"x-worker-instance-id": "abcdef12"}  # no such worker
+    resp = http.post(
+        "/v1/chat/completions", json={"model": STORY, "messages": MESSAGES}, headers=headers
+    )
+    assert resp.status_code == 503 and int(resp.headers["retry-after"]) >= 1
+    assert error_of(resp)["code"] == "no_instances"

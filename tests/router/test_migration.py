@@ -129,3 +129,28 @@ async def test_prompt_embeddings_are_not_migrated():
     with pytest.raises(StreamDisconnected):
         [o async for o in migrating(req, attempt, limit=3)]
     assert len(calls) == 1
+
+
+async def test_a_refused_connection_is_retried_elsewhere_even_without_migration():
+    from stator.protocols import RoutingHints
+    from stator.runtime.errors import ConnectionRefused
+
+    calls = []
+
+    async def attempt(req, tried):
+        calls.append(set(tried))
+        tried.add(len(calls))
+        if len(calls) == 1:
+            raise ConnectionRefused("nothing listens there")
+        yield EngineOutput(token_ids=[1], finish_reason="stop")
+
+    req = EngineRequest(request_id="r", model="m", token_ids=[1, 2])
+    outs = [o async for o in migrating(req, attempt, limit=0)]
+    assert [o.token_ids for o in outs] == [[1]] and calls == [set(), {1}]
+    # A request pinned to the refusing worker fails instead.
+    pinned = EngineRequest(
+        request_id="p", model="m", token_ids=[1], routing=RoutingHints(target_worker_id=7)
+    )
+    calls.clear()
+    with pytest.raises(ConnectionRefused):
+        [o async for o in migrating(pinned, attempt, limit=3)]

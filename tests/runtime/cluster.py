@@ -86,19 +86,19 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 30
 
 
 @contextlib.contextmanager
-def etcd_server(tmp: Path):
+def etcd_server(tmp: Path, *extra: str, scheme: str = "http"):
     binary = shutil.which("etcd")
     if binary is None:
         pytest.skip("etcd not installed (apt-get install etcd-server)")
     client, peer = free_port(), free_port()
-    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    url, peer_url = f"{scheme}://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
     log = (tmp / "etcd.log").open("wb")
     proc = subprocess.Popen(
         [
             binary, "--name", "test", "--data-dir", str(tmp / "etcd-data"),
             "--listen-client-urls", url, "--advertise-client-urls", url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"test={peer_url}",
+            "--initial-cluster", f"test={peer_url}", *extra,
         ],
         stdout=log,
         stderr=log,
@@ -113,13 +113,15 @@ def etcd_server(tmp: Path):
 
 
 @contextlib.contextmanager
-def nats_server(tmp: Path):
+def nats_server(tmp: Path, *extra: str):
     binary = shutil.which("nats-server")
     if binary is None:
         pytest.skip("nats-server not installed (apt-get install nats-server)")
     port = free_port()
     log = (tmp / "nats.log").open("wb")
-    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [binary, "-a", "127.0.0.1", "-p", str(port), *extra], stdout=log, stderr=log
+    )
     try:
         _wait_port(port, proc, "nats-server")
         yield f"nats://127.0.0.1:{port}"

@@ -57,3 +57,22 @@ def test_files_too_big_to_inline_are_left_out_entirely(tiny_model_dir):
     files = model_files(tiny_model_dir)
     assert inline_files(files, limit=10) == {}
     assert len(inline_files(files, limit=10**9)) == len(files)
+
+
+def test_gpt_oss_cards_choose_the_harmony_parsers_unless_told_otherwise(tmp_path):
+    import json
+
+    model_dir = tmp_path / "gpt-oss"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    engine_card = ModelCard(name="e", source_path="")
+    card = build_card(engine_card, WorkerConfig(), "e", model_dir)
+    assert (card.reasoning_parser, card.tool_call_parser) == ("gpt_oss", "harmony")
+    told = WorkerConfig(reasoning_parser="deepseek_r1", tool_call_parser="hermes")
+    card = build_card(engine_card, told, "e", model_dir)
+    assert (card.reasoning_parser, card.tool_call_parser) == ("deepseek_r1", "hermes")
+
+
+def test_other_models_get_no_parsers_by_default(tiny_model_dir):
+    card = build_card(ModelCard(name="e", source_path=""), WorkerConfig(), "e", tiny_model_dir)
+    assert card.reasoning_parser is None and card.tool_call_parser is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import NamedTuple
 
+from stator.engines.mocker.tiers import LowerTiers
 from stator.protocols import AllCleared, BlockRemoved, BlockStored, KvEvent, KvEventData
 
 
@@ -57,6 +58,15 @@ class BlockManager:
         self._orphans: Counter[int] = Counter()
         self._pending: list[KvEventData] = []
         self._next_event_id = 0
+        # Host / disk tiers fed by evictions (`enable_tiers`); None: the GPU tier only.
+        self.lower: LowerTiers | None = None
+
+    def enable_tiers(self, host_blocks: int, disk_blocks: int) -> None:
+        if host_blocks > 0 or disk_blocks > 0:
+            self.lower = LowerTiers(host_blocks, disk_blocks, self.block_size, self._pending_add)
+
+    def _pending_add(self, data: KvEventData) -> None:
+        self._pending.append(data)
 
     # -- queries --------------------------------------------------------------------
 
@@ -176,6 +186,8 @@ class BlockManager:
         self._active.clear()
         self._inactive.clear()
         self._cached.clear()
+        if self.lower is not None:
+            self.lower.clear()
         self._pending.append(AllCleared())
 
     # -- events ---------------------------------------------------------------------
@@ -204,7 +216,11 @@ class BlockManager:
         events the snapshot already includes."""
         last = self._next_event_id - 1
         ordered = sorted(self._cached.items(), key=lambda item: item[1].depth)
+        lower = self.lower.kv_state() if self.lower is not None else []
         return [
+            KvEvent(worker_id=self.worker_id, event_id=last, dp_rank=self.dp_rank, data=data)
+            for data in lower
+        ] + [
             KvEvent(
                 worker_id=self.worker_id,
                 event_id=last,
@@ -221,7 +237,12 @@ class BlockManager:
 
     def _store_event(self, block_hash: int, parent: int | None, tokens: list[int]) -> None:
         last = self._pending[-1] if self._pending else None
-        if isinstance(last, BlockStored) and parent is not None and last.block_hashes[-1] == parent:
+        if (
+            isinstance(last, BlockStored)
+            and last.tier == "gpu"
+            and parent is not None
+            and last.block_hashes[-1] == parent
+        ):
             last.block_hashes.append(block_hash)
             last.token_ids.extend(tokens)
             return
@@ -236,9 +257,11 @@ class BlockManager:
 
     def _evict_one(self) -> None:
         h, _ = self._inactive.popitem(last=False)
-        del self._cached[h]
+        info = self._cached.pop(h)
         last = self._pending[-1] if self._pending else None
-        if isinstance(last, BlockRemoved):
+        if isinstance(last, BlockRemoved) and last.tier == "gpu":
             last.block_hashes.append(h)
         else:
             self._pending.append(BlockRemoved(block_hashes=[h]))
+        if self.lower is not None:
+            self.lower.offload(h, info.parent, info.tokens)

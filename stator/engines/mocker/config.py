@@ -48,6 +48,20 @@ class MockerConfig:
     kv_transfer_bandwidth: float = option(
         64.0, "Simulated KV transfer bandwidth in GB/s (0: transfers are instant)"
     )
+    host_cache_blocks: int = option(
+        0,
+        "Blocks of a simulated host-memory KV tier below the GPU cache (evicted blocks go "
+        "there and are loaded back at --host-load-bandwidth; 0: none)",
+    )
+    disk_cache_blocks: int = option(
+        0, "Blocks of a simulated disk KV tier below the host tier (0: none)"
+    )
+    host_load_bandwidth: float = option(
+        25.0, "GB/s of loading KV blocks back from the host tier (0: instant)"
+    )
+    disk_load_bandwidth: float = option(
+        3.0, "GB/s of loading KV blocks back from the disk tier (0: instant)"
+    )
     data_parallel_size: int = option(1, "Independent engine ranks (each its own KV cache)")
     max_model_len: int = option(
         0, "Context length in tokens (0 = the model's config.json)", aliases=("--context-length",)
@@ -72,6 +86,10 @@ class MockerConfig:
             "decode_speedup_ratio",
             "startup_time",
             "kv_transfer_bandwidth",
+            "host_cache_blocks",
+            "disk_cache_blocks",
+            "host_load_bandwidth",
+            "disk_load_bandwidth",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")

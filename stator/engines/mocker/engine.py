@@ -141,6 +141,9 @@ class MockerEngine(Engine):
                 )
             ]
         ]
+        for rank in self.ranks:
+            rank.blocks.enable_tiers(config.host_cache_blocks, config.disk_cache_blocks)
+            rank.scheduler.should_load = self._should_load
         self._streams: dict[str, _Stream] = {}
         self._events: asyncio.Queue[list[KvEvent]] = asyncio.Queue()
         self._dead: str | None = None
@@ -234,6 +237,28 @@ class MockerEngine(Engine):
         if bandwidth <= 0 or self.config.speedup_ratio <= 0:
             return 0.0
         return num_tokens * self.kv_bytes_per_token / bandwidth / self.config.speedup_ratio
+
+    def _should_load(self, host_blocks: int, disk_blocks: int) -> bool:
+        """Load when the copy is faster than the prefill of the same tokens would be."""
+        tokens = (host_blocks + disk_blocks) * self.config.block_size
+        kv_tokens = self.config.num_gpu_blocks * self.config.block_size
+        prefill = self.timer.model.prefill_ms(StepShape(tokens, 0, 0, kv_tokens)) / 1000.0
+        ratio = self.config.speedup_ratio
+        return self.load_seconds(host_blocks, disk_blocks) * (ratio if ratio > 0 else 1) <= prefill
+
+    def load_seconds(self, host_blocks: int, disk_blocks: int) -> float:
+        """Simulated time to copy blocks back from the lower tiers (the step waits)."""
+        if self.config.speedup_ratio <= 0:
+            return 0.0
+        block = self.kv_bytes_per_token * self.config.block_size
+        seconds = 0.0
+        for blocks, gbs in (
+            (host_blocks, self.config.host_load_bandwidth),
+            (disk_blocks, self.config.disk_load_bandwidth),
+        ):
+            if blocks and gbs > 0:
+                seconds += blocks * block / (gbs * 1e9)
+        return seconds / self.config.speedup_ratio
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         max_tokens = self._validate(request)
@@ -331,7 +356,10 @@ class MockerEngine(Engine):
             now = loop.time()
             # Never owe more than MAX_CATCH_UP: a starved process should run slow, not
             # burst many steps at once.
-            clock = max(clock, now - MAX_CATCH_UP) + timer.step_seconds(shape)
+            seconds = timer.step_seconds(shape)
+            if step.loaded_host or step.loaded_disk:
+                seconds += self.load_seconds(step.loaded_host, step.loaded_disk)
+            clock = max(clock, now - MAX_CATCH_UP) + seconds
             # Sleep the step; at speedup 0 still yield so streams and arrivals get a turn.
             await asyncio.sleep(clock - now if clock > now else 0)
             for seq in scheduler.complete(step):
@@ -421,4 +449,17 @@ class MockerEngine(Engine):
             "mocker_active_blocks": sum(r.blocks.num_active_blocks for r in self.ranks),
             "kv_transfers_total": self.num_transfers,
             "kv_transfer_bytes_total": self.transferred_tokens * self.kv_bytes_per_token,
+            **self._tier_metrics(),
         }
+
+    def _tier_metrics(self) -> dict[str, float]:
+        tiers = [r.blocks.lower for r in self.ranks if r.blocks.lower is not None]
+        if not tiers:
+            return {}
+        out: dict[str, float] = {}
+        for tier in ("host", "disk"):
+            out[f"kv_{tier}_hits"] = sum(t.hits[tier] for t in tiers)
+            out[f"kv_{tier}_saved_blocks"] = sum(t.saved[tier] for t in tiers)
+        out["kv_host_blocks"] = sum(len(t.host) for t in tiers)
+        out["kv_disk_blocks"] = sum(len(t.disk) for t in tiers)
+        return out

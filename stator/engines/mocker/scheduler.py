@@ -17,6 +17,7 @@ sleeps the simulated step time in between and samples the tokens.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stator.engines.mocker.block_manager import BlockManager
@@ -56,6 +57,8 @@ class ScheduledStep:
     num_decode: int = 0  # sequences computing their one next token
     decode_context: int = 0  # sum of the decoding sequences' lengths
     preempted: list[Sequence] = field(default_factory=list)
+    loaded_host: int = 0  # blocks copied back from the host tier for this step
+    loaded_disk: int = 0  # ... from the disk tier
 
     @property
     def empty(self) -> bool:
@@ -78,6 +81,9 @@ class Scheduler:
         self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # (host blocks, disk blocks) -> whether loading them beats recomputing them; None:
+        # always load. Set by the engine, which knows the timing model.
+        self.should_load: Callable[[int, int], bool] | None = None
         self.num_preemptions = 0
 
     # -- requests in and out --------------------------------------------------------
@@ -176,18 +182,32 @@ class Scheduler:
         # At least one token must be computed, so the last block is never a prefix hit.
         limit = (total - 1) // bs
         hits, inactive_hits = self.blocks.match_prefix(seq.block_hashes[:limit])
-        start = max(hits * bs, min(seq.num_remote, total - 1))
+        lower, disk_only = 0, 0
+        tiers = self.blocks.lower
+        if tiers is not None and self.blocks.enable_prefix_caching:
+            lower, disk_only = tiers.match(seq.block_hashes[hits:limit])
+            loader = self.should_load
+            if lower and loader is not None and not loader(lower - disk_only, disk_only):
+                lower = disk_only = 0  # recomputing is faster
+        start = max((hits + lower) * bs, min(seq.num_remote, total - 1))
         n = min(total - start, budget)
         if n < total - start and not self.enable_chunked_prefill:
             return False
         need = -(-(start + n) // bs) - hits
         if need + inactive_hits > self.blocks.num_free_blocks:
             return False
+        if lower:
+            # Loaded blocks count as computed: they take fresh GPU blocks (allocated with
+            # the rest, after the tiers have marked them recent) and are cached below.
+            assert tiers is not None
+            tiers.load(seq.block_hashes[hits : hits + lower])
+            step.loaded_host += lower - disk_only
+            step.loaded_disk += disk_only
         self.blocks.acquire_cached(seq.block_hashes[:hits])
         seq.num_held_full = hits
         self._grow(seq, need)
         if seq.num_cached is None:
-            seq.num_cached = hits * bs
+            seq.num_cached = (hits + lower) * bs
         seq.num_computed = start
         self._commit_full(seq, start + n)
         self._record(step, seq, n)

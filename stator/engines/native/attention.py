@@ -37,9 +37,14 @@ class AttentionBackend(abc.ABC):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of q [T, Hq, D] over each sequence's keys (cached ones plus this
-        step's k, v [T, Hkv, D], already stored); returns [T, Hq, D]."""
+        step's k, v [T, Hkv, D], already stored); returns [T, Hq, D].
+        `window`: this layer's sliding window (None: the plan's, 0: none); `sinks` [Hq]:
+        one logit per head added to the softmax's denominator (GPT-OSS)."""
 
 
 @dataclass
@@ -69,10 +74,23 @@ class _GatherPlan:
         return self.sdpa_mask
 
 
+@dataclass
+class _TorchPlans:
+    """One gather plan per window the step's layers use, each made by its first layer."""
+
+    ctx: StepContext
+    window: int | None  # the default of layers that name none
+    plans: dict[int | None, _GatherPlan]
+
+
 class TorchAttention(AttentionBackend):
     """Gather pages + SDPA. Works on any device; O(B * max_q * max_kv) memory per layer."""
 
     def plan(self, ctx: StepContext, sliding_window: int | None) -> None:
+        ctx.attn_metadata = _TorchPlans(ctx, sliding_window, {})
+
+    @staticmethod
+    def _gather_plan(ctx: StepContext, sliding_window: int | None) -> _GatherPlan:
         max_q, max_kv = ctx.max_query_len, ctx.max_seq_len
         window_bites = sliding_window is not None and max_kv > sliding_window
         simple = ctx.uniform and not window_bites
@@ -86,8 +104,8 @@ class TorchAttention(AttentionBackend):
             causal=simple and max_q == max_kv and max_q > 1,
         )
         if not (plan.unmasked or plan.causal):
-            self._plan_general(ctx, plan, sliding_window)
-        ctx.attn_metadata = plan
+            TorchAttention._plan_general(ctx, plan, sliding_window)
+        return plan
 
     @staticmethod
     def _plan_general(ctx: StepContext, plan: _GatherPlan, sliding_window: int | None) -> None:
@@ -121,11 +139,20 @@ class TorchAttention(AttentionBackend):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        plan: _GatherPlan = get_context().attn_metadata
+        plans: _TorchPlans = get_context().attn_metadata
+        key = plans.window if window is None else (window or None)
+        plan = plans.plans.get(key)
+        if plan is None:
+            plan = plans.plans[key] = self._gather_plan(plans.ctx, key)
         heads_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
         batch, max_q, max_kv = plan.batch, plan.max_q, plan.max_kv
         group = q.shape[1] // heads_kv
+        if sinks is not None:
+            return _attend_with_sinks(q, k_cache, v_cache, plan, scale, sinks)
         if plan.causal:  # whole prompts, no cached prefix, no padding: this step's k, v
             qb = q.view(batch, max_q, -1, head_dim).transpose(1, 2)
             kb = k.view(batch, max_q, heads_kv, head_dim).transpose(1, 2)
@@ -156,3 +183,43 @@ class TorchAttention(AttentionBackend):
             return out.reshape(batch, heads_kv * group, head_dim)
         out = out.reshape(batch, heads_kv * group, max_q, head_dim).transpose(1, 2)
         return out.reshape(batch * max_q, heads_kv * group, head_dim)[plan.valid_rows]
+
+
+def _attend_with_sinks(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: _GatherPlan,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """The reference for attention sinks (SDPA has none): softmax over the keys and one
+    extra column holding the head's sink logit, which is then dropped."""
+    heads_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
+    batch, max_q, max_kv = plan.batch, plan.max_q, plan.max_kv
+    group = q.shape[1] // heads_kv
+    blocks = plan.block_table.flatten()
+    kb = k_cache.index_select(0, blocks).view(batch, -1, heads_kv, head_dim)[:, :max_kv]
+    vb = v_cache.index_select(0, blocks).view(batch, -1, heads_kv, head_dim)[:, :max_kv]
+    kb = kb.transpose(1, 2).repeat_interleave(group, 1)  # [B, Hq, max_kv, D]
+    vb = vb.transpose(1, 2).repeat_interleave(group, 1)
+    if max_q == 1 and plan.query_index is None:
+        qb = q.view(batch, 1, -1, head_dim).transpose(1, 2)  # [B, Hq, 1, D]
+    elif plan.query_index is None:  # whole prompts, no padding
+        qb = q.view(batch, max_q, -1, head_dim).transpose(1, 2)
+    else:
+        qb = q[plan.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
+    scores = (qb @ kb.transpose(2, 3)).float() * scale
+    if plan.mask is not None:
+        scores = scores.masked_fill(~plan.mask, float("-inf"))
+    elif plan.causal:
+        scores = scores.masked_fill(
+            torch.ones(max_q, max_kv, dtype=torch.bool, device=q.device).triu(1),
+            float("-inf"),
+        )
+    sink = sinks.float().view(1, -1, 1, 1).expand(batch, -1, scores.shape[2], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    out = (probs.to(vb.dtype) @ vb).transpose(1, 2)  # [B, max_q, Hq, D]
+    if plan.query_index is None:
+        return out.reshape(batch * max_q, -1, head_dim)
+    return out.reshape(batch * max_q, -1, head_dim)[plan.valid_rows]

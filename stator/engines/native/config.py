@@ -84,6 +84,13 @@ class NativeConfig:
         "(benchmarks without a checkpoint)",
         choices=["auto", "dummy"],
     )
+    moe_weights: str = option(
+        "auto",
+        "How MoE experts are held: bf16 = expanded to the model dtype; mxfp4 = packed as in "
+        "the checkpoint, dequantized inside the kernel (~4x less memory); auto = mxfp4 on "
+        "CUDA for MXFP4 checkpoints, the model dtype otherwise",
+        choices=["auto", "bf16", "mxfp4"],
+    )
     cpu_offload_gb: float = option(
         0.0,
         "GiB of pinned host memory for KV blocks evicted from the GPU cache, loaded back "
@@ -157,10 +164,16 @@ class ModelSpec:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
+    # A window every layer uses (Mistral); per-layer windows are in `layer_windows`.
     sliding_window: int | None
     checkpoint_dtype: str
     eos_token_ids: list[int]
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # Per layer: its sliding window, 0 for full attention (config.json `layer_types`).
+    layer_windows: list[int] = field(default_factory=list)
+    # Mixture of experts: experts per layer (the whole model's, on every rank) and top-k.
+    num_experts: int = 0
+    experts_per_token: int = 0
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     # The part of the model this process holds (sharding.shard_spec); all of it by default.
     tp: TPShard = field(default_factory=TPShard)
@@ -193,6 +206,12 @@ class ModelSpec:
         window = cfg.get("sliding_window")
         if cfg.get("use_sliding_window") is False:  # Qwen2/3 carry a window they do not use
             window = None
+        layer_types = cfg.get("layer_types") or []
+        layer_windows = [
+            int(window or 0) if kind == "sliding_attention" else 0 for kind in layer_types
+        ]
+        if layer_windows and not all(layer_windows):  # some layers slide, some do not
+            window = None
         return cls(
             architecture=archs[0],
             vocab_size=int(cfg["vocab_size"]),
@@ -216,6 +235,9 @@ class ModelSpec:
                 for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
                 if gen.get(k) is not None
             },
+            layer_windows=layer_windows if any(layer_windows) else [],
+            num_experts=int(cfg.get("num_local_experts") or cfg.get("num_experts") or 0),
+            experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
             raw=cfg,
         )
 

@@ -40,6 +40,7 @@ class DecodeGraphs:
         sliding_window: int | None,
         device: torch.device,
         lora_slots: int = 0,
+        lora_workspace: tuple[int, int] | None = None,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -63,11 +64,19 @@ class DecodeGraphs:
         self.lora_variants = (False, True) if lora_slots else (False,)
         self.lora_idx = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.lora_starts = torch.zeros(lora_slots + 1, dtype=torch.int32, device=device)
+        layers, width = lora_workspace or (0, 0)
+        self.lora_workspace = torch.zeros(
+            layers, max_batch, width, dtype=torch.float32, device=device
+        )
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, bool], torch.Tensor] = {}
 
     def _context(self, bs: int, with_lora: bool) -> StepContext:
-        lora = LoraBatch(self.lora_idx, self.lora_starts, num_tokens=bs) if with_lora else None
+        lora = None
+        if with_lora:
+            lora = LoraBatch(self.lora_idx, self.lora_starts, num_tokens=bs)
+            if self.lora_workspace.numel():
+                lora.workspace = self.lora_workspace[:, :bs]
         return StepContext(
             positions=self.positions[:bs],
             slot_mapping=self.slot_mapping[:bs],
@@ -84,6 +93,8 @@ class DecodeGraphs:
 
     def _forward(self, bs: int, with_lora: bool) -> torch.Tensor:
         ctx = self._context(bs, with_lora)
+        if ctx.lora is not None and ctx.lora.workspace is not None:
+            ctx.lora.workspace.zero_()  # part of the graph: one memset per replay
         self.backend.plan(ctx, self.sliding_window)
         set_context(ctx)
         try:

@@ -74,6 +74,8 @@ class NativeEngine(Engine):
         self._subscribers: list[asyncio.Queue[list[KvEvent]]] = []
         self._load: LoadReport | None = None
         self._step_lock = threading.Lock()
+        self._sleep_level: int | None = None
+        self._sleep_lock = asyncio.Lock()
         self.agent: KvTransferAgent | None = None
         self.transfers = TransferStats()
         self._side_tasks: set[asyncio.Task] = set()
@@ -141,6 +143,10 @@ class NativeEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         core = self._core()
+        if self._sleep_level is not None:
+            raise EngineError(
+                f"the engine is asleep (sleep level {self._sleep_level}): wake it up first"
+            )
         if not request.lora_name and request.model in core.adapters:
             # A request to an adapter's own model card names the adapter as its model.
             request = msgspec.structs.replace(request, lora_name=request.model)
@@ -363,6 +369,64 @@ class NativeEngine(Engine):
     def _lora_info(self, name: str) -> LoraInfo:
         adapter = self._core().adapters[name]
         return LoraInfo(name=name, path=adapter.path, base_model=self.served_name)
+
+    # -- sleep mode ------------------------------------------------------------------------
+
+    def _check_sleep(self) -> None:
+        if not self.config.enable_sleep_mode:
+            raise Unsupported("sleep mode is off: start the worker with --enable-sleep-mode")
+        if self.config.tensor_parallel_size > 1:
+            raise Unsupported("sleep mode does not work with tensor parallelism yet")
+        if self.config.cpu_offload_gb > 0 or self.config.disk_offload_dir:
+            # The offload tiers hold the KV pool that sleep frees and wake allocates anew.
+            raise Unsupported("sleep mode does not work with KV offload tiers yet")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Level 1: weights to host memory, KV cache dropped; level 2: both dropped.
+        Requests still running end with an error; new ones are refused until `wake`."""
+        self._check_sleep()
+        if level not in (1, 2):
+            raise EngineError(f"sleep level must be 1 or 2, got {level}")
+        core = self._core()
+        async with self._sleep_lock:
+            if self._sleep_level is not None:
+                return
+            self._sleep_level = level
+            began = time.monotonic()
+            for rid in list(self._streams):
+                self._finish_stream(
+                    rid, EngineOutput(finish_reason="error", error="the engine was put to sleep")
+                )
+            loop = asyncio.get_running_loop()
+            try:
+                # In the step thread: after any step in flight, before any next one.
+                await loop.run_in_executor(self._executor, lambda: self._locked(core.sleep, level))
+            except BaseException:
+                self._sleep_level = None
+                raise
+            self._after_change()
+            log.info("asleep at level %d after %.2fs", level, time.monotonic() - began)
+
+    async def wake(self, tags: list[str] | None = None) -> None:
+        self._check_sleep()
+        core = self._core()
+        async with self._sleep_lock:
+            if self._sleep_level is None:
+                return
+            began = time.monotonic()
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, lambda: self._locked(core.wake, tags))
+            if not core.asleep:
+                self._sleep_level = None
+                self._wakeup.set()
+            log.info("woke %s after %.2fs", tags or "everything", time.monotonic() - began)
+
+    def is_sleeping(self) -> bool:
+        return self._sleep_level is not None
+
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._step_lock:
+            return fn(*args)
 
     def metrics(self) -> dict[str, Any]:
         core = self.core

@@ -320,7 +320,29 @@ class EngineCore:
         self.runner.close()
 
     def has_work(self) -> bool:
+        if self.runner.asleep:
+            return False
         return self.scheduler.has_work() or self._pending is not None
+
+    # -- sleep mode ----------------------------------------------------------------------
+
+    def sleep(self, level: int) -> None:
+        """Drop every request, forget the prefix cache and free the device's memory
+        (`ModelRunner.sleep`). The caller has ended the requests' streams."""
+        if self._pending is not None:
+            self._pending.tokens()  # the launched step must finish before its inputs go
+            self._pending = None
+        for rid in list(self.seqs):
+            self.abort(rid)
+        self.blocks.clear()
+        self.runner.sleep(level)
+
+    def wake(self, tags: list[str] | None = None) -> None:
+        self.runner.wake(tags)
+
+    @property
+    def asleep(self) -> bool:
+        return self.runner.asleep
 
     # -- one step ------------------------------------------------------------------------
 

@@ -152,7 +152,48 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, blended, scaled)
-    raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3")
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, head_dim, theta, factor, scaling)
+    raise ValueError(f"unsupported rope scaling {kind!r}; supported: default, linear, llama3, yarn")
+
+
+def _yarn_inv_freq(
+    inv_freq: torch.Tensor, dim: int, theta: float, factor: float, scaling: dict[str, Any]
+) -> torch.Tensor:
+    """YaRN: extrapolate the dimensions that rotate often within the original context,
+    interpolate (divide by `factor`) the slow ones, ramp linearly in between."""
+    old_len = float(scaling["original_max_position_embeddings"])
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def dim_of(rotations: float) -> float:
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(fast), dim_of(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    return inv_freq / factor * (1 - extrapolate) + inv_freq * extrapolate
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """What YaRN multiplies cos and sin by (1 for every other scheme)."""
+    if scaling is None or scaling["rope_type"] != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling.get("factor", 1.0))
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+
+    def get(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if mscale and mscale_all:
+        return get(factor, float(mscale)) / get(factor, float(mscale_all))
+    return get(factor)
 
 
 class RotaryEmbedding(nn.Module):
@@ -165,8 +206,9 @@ class RotaryEmbedding(nn.Module):
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        factor = rope_attention_factor(scaling)
+        self.register_buffer("cos", emb.cos() * factor, persistent=False)
+        self.register_buffer("sin", emb.sin() * factor, persistent=False)
         # One table lookup per step, shared by every layer (positions are the same tensor).
         self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 

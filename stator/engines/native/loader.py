@@ -49,7 +49,10 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     packed: dict[str, tuple[str, object]] = getattr(model, "packed_modules", {})
     tied = bool(getattr(getattr(model, "spec", None), "tie_word_embeddings", False))
     loaded: set[tuple[str, object]] = set()
-    for name, tensor in iter_tensors(model_dir):
+    tensors = iter_tensors(model_dir)
+    # A model whose checkpoint layout differs from its parameters translates the stream.
+    mapper = getattr(model, "map_checkpoint", None)
+    for name, tensor in mapper(tensors) if mapper is not None else tensors:
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target, shard = name, None

@@ -24,12 +24,15 @@ from stator.engines.native.lora.slots import LoraSlots
 from stator.engines.native.models import model_class
 from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
+from stator.engines.native.sleep import Offloaded, offload_model, restore_model
 from stator.kv.block_copy import pool_shape
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 1 << 30
+# Steps of at most this many tokens zero one LoRA workspace for all projections at once.
+_LORA_WORKSPACE_TOKENS = 512
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,11 +90,19 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.sliding_window = spec.sliding_window
         cls = model_class(spec.architecture)
+        extra = {}
+        if spec.num_experts:
+            from stator.engines.native.models.gpt_oss import resolve_moe_weights
+
+            dummy = config.load_format == "dummy"
+            extra["packed"] = resolve_moe_weights(
+                config.moe_weights, model_dir, self.device.type, dummy
+            )
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with torch.device(self.device):
-                self.model = cls(spec, self.backend, max_model_len)
+                self.model = cls(spec, self.backend, max_model_len, **extra)
         finally:
             torch.set_default_dtype(previous)
         if config.load_format == "dummy":
@@ -120,23 +131,85 @@ class ModelRunner:
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
         self._allocate_kv(self.num_blocks)
+        self._model_dir = Path(model_dir)
+        self._asleep: Offloaded | None = None
+        self._asleep_parts: set[str] = set()
+        self._capture_graphs(prepare=True)
+
+    def _capture_graphs(self, *, prepare: bool) -> None:
         # The torch backend's plan reads the step's lengths on the host: no graphs for it.
         graphable = not isinstance(self.backend, TorchAttention)
+        config = self.config
         if self.device.type == "cuda" and not config.enforce_eager and graphable:
             max_batch = min(config.max_graph_batch or config.max_num_seqs, 512)
-            self._prepare_graphs(max_batch)
+            if prepare:
+                self._prepare_graphs(max_batch)
             self.graphs = DecodeGraphs(
                 self.model,
                 self.backend,
                 max_batch=max_batch,
-                max_blocks_per_seq=-(-max_model_len // self.block_size),
-                max_model_len=max_model_len,
+                max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+                max_model_len=self.max_model_len,
                 block_size=self.block_size,
                 sliding_window=self.sliding_window,
                 device=self.device,
                 lora_slots=config.max_loras if self.lora_slots is not None else 0,
+                lora_workspace=(
+                    self.lora_slots.workspace_shape() if self.lora_slots is not None else None
+                ),
             )
             self.graphs.capture()
+
+    # -- sleep mode ----------------------------------------------------------------------
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._asleep_parts)
+
+    @torch.inference_mode()
+    def sleep(self, level: int) -> None:
+        """Free the device memory of the weights (level 1: kept on the host; level 2:
+        dropped), the KV cache, the LoRA slots and the decode graphs."""
+        if self.asleep:
+            return
+        self.graphs = None  # its memory pool goes with it
+        self._asleep = offload_model(self.model, level)
+        self._allocate_kv(0)
+        if self.lora_slots is not None:
+            self.lora_slots.release()
+        self._asleep_parts = {"weights", "kv_cache"}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            # cuBLAS keeps its workspaces in the caching allocator (64 MiB on an H100).
+            clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+            if clear is not None:
+                clear()
+            torch.cuda.empty_cache()
+
+    @torch.inference_mode()
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Bring back the parts named by `tags` ("weights", "kv_cache"; default: both).
+        The decode graphs are captured again once everything is back."""
+        wanted = set(tags or ("weights", "kv_cache"))
+        unknown = wanted - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"unknown wake-up tags {sorted(unknown)}; known: weights, kv_cache")
+        if "weights" in wanted & self._asleep_parts:
+            assert self._asleep is not None
+            if not restore_model(self.model, self._asleep, self.device):
+                if self.config.load_format == "dummy":
+                    init_dummy_weights(self.model, self.spec)
+                else:
+                    load_weights(self.model, self._model_dir)
+            self._asleep = None
+            self._asleep_parts.discard("weights")
+        if "kv_cache" in wanted & self._asleep_parts:
+            self._allocate_kv(self.num_blocks)
+            if self.lora_slots is not None:
+                self.lora_slots.allocate()
+            self._asleep_parts.discard("kv_cache")
+        if not self._asleep_parts and self.graphs is None:
+            self._capture_graphs(prepare=False)
 
     def _prepare_graphs(self, max_batch: int) -> None:
         """What decode graphs of up to `max_batch` sequences need before their capture
@@ -296,6 +369,12 @@ class ModelRunner:
                 dev,
                 groups=dev.type != "cuda",
             )
+            tokens = len(input_ids)
+            if ctx.lora is not None and dev.type == "cuda" and tokens <= _LORA_WORKSPACE_TOKENS:
+                layers, width = self.lora_slots.workspace_shape()
+                ctx.lora.workspace = torch.zeros(
+                    layers, tokens, width, dtype=torch.float32, device=dev
+                )
         return StepInputs(
             input_ids=to_device(input_ids, dev),
             ctx=ctx,
@@ -354,10 +433,14 @@ def _leading_ones(values: list[int]) -> int:
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, spec: ModelSpec) -> None:
     """Random weights of a trained model's scale (for benchmarks without a checkpoint):
-    norms at 1, everything else N(0, 0.02)."""
+    norms at 1, everything else N(0, 0.02); modules with an `init_dummy` (packed experts)
+    fill their own."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
-        else:
+        elif p.is_floating_point():
             p.normal_(0.0, 0.02, generator=gen)
+    for module in model.modules():
+        if hasattr(module, "init_dummy"):
+            module.init_dummy(gen)

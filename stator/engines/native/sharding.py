@@ -3,7 +3,8 @@
 Each rank holds `num_heads / size` query heads and the KV heads they read: a contiguous
 block of KV heads when `size` divides `num_kv_heads`, otherwise (`size` > `num_kv_heads`)
 one KV head that `size / num_kv_heads` neighbouring ranks each hold a copy of. The MLP's
-intermediate dimension is split evenly, and the vocabulary in blocks of
+intermediate dimension is split evenly (a mixture of experts instead gives each rank
+`num_experts / size` whole experts), and the vocabulary in blocks of
 `ceil(vocab / size)` rows (the last block padded). `shard_spec` turns the model's shape
 into the shape one rank builds, so the model code and the KV cache sizing see only their
 own heads; the checkpoint loader asks `TPShard` which rows or columns of a tensor to read.
@@ -57,7 +58,10 @@ def check_divisible(spec: ModelSpec, size: int) -> None:
     kv = spec.num_kv_heads
     if kv % size and size % kv:
         problems.append(f"num_key_value_heads={kv} (needs a multiple or a divisor of {size})")
-    if spec.intermediate_size % size:
+    if spec.num_experts:  # experts are split across ranks whole (expert parallel)
+        if spec.num_experts % size:
+            problems.append(f"num_local_experts={spec.num_experts}")
+    elif spec.intermediate_size % size:
         problems.append(f"intermediate_size={spec.intermediate_size}")
     if problems:
         raise ValueError(
@@ -76,7 +80,8 @@ def shard_spec(spec: ModelSpec, rank: int, size: int) -> ModelSpec:
         spec,
         num_heads=spec.num_heads // size,
         num_kv_heads=max(1, kv // size),
-        intermediate_size=spec.intermediate_size // size,
+        # A mixture of experts keeps whole experts per rank (see models/moe.py).
+        intermediate_size=spec.intermediate_size // (1 if spec.num_experts else size),
         tp=TPShard(rank=rank, size=size, kv_replicas=max(1, size // kv)),
     )
 

@@ -55,9 +55,13 @@ class TritonAttention(AttentionBackend):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         scale: float,
+        *,
+        window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         ctx = get_context()
         plan: _TritonPlan = ctx.attn_metadata
+        window = plan.window if window is None else window
         nd = plan.num_decode
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if nd > 0:
@@ -72,7 +76,8 @@ class TritonAttention(AttentionBackend):
                 ctx.seq_lens[:nd],
                 scale,
                 num_splits=plan.num_splits,
-                window=plan.window,
+                window=window,
+                sinks=sinks,
                 out=out[:nd],
             )
         if plan.decode:
@@ -87,6 +92,7 @@ class TritonAttention(AttentionBackend):
             ctx.seq_lens[nd:],
             ctx.max_query_len,
             scale,
-            window=plan.window,
+            window=window,
+            sinks=sinks,
             out=out,
         )

@@ -284,6 +284,20 @@ class OffloadManager:
         """Give back the pinned memory; with a disk tier, write the host tier's blocks to
         it first, so that a restarted worker finds them (the GPU tier's are not kept)."""
         self.settle()
+        s = self.stats
+        log.info(
+            "KV tiers: %d blocks saved to host, %d to disk; %d loaded from host, %d from "
+            "disk (%.3f GiB in %.3f s: %.1f GB/s copy-back); %d recomputed, %d dropped",
+            s.blocks_saved["host"],
+            s.blocks_saved["disk"],
+            s.blocks_loaded["host"],
+            s.blocks_loaded["disk"],
+            s.bytes_loaded / GiB,
+            s.load_seconds,
+            s.bytes_loaded / s.load_seconds / 1e9 if s.load_seconds else 0.0,
+            s.recomputed_blocks,
+            s.blocks_dropped,
+        )
         if self.disk is not None:
             hashes = self.host.hashes()
             self._demote([(h, self.host.slot(h), self.host.meta[h]) for h in hashes])

@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from stator.runtime.discovery.base import Discovery, WatchEvent
 from stator.runtime.discovery.mem import MemDiscovery, mem_store
 
 
-def open_discovery(url: str, *, ttl: float = 5.0) -> Discovery:
+def open_discovery(url: str, *, ttl: float = 5.0, **etcd_options: Any) -> Discovery:
     """A (not yet started) discovery client for `url`. `ttl`: lease lifetime in seconds
     for backends with leases (file, etcd)."""
     if url == "mem" or url.startswith("mem:"):
@@ -29,7 +31,7 @@ def open_discovery(url: str, *, ttl: float = 5.0) -> Discovery:
     if url.startswith("etcd://"):
         from stator.runtime.discovery.etcd import EtcdDiscovery
 
-        return EtcdDiscovery(url[len("etcd://") :], ttl=ttl)
+        return EtcdDiscovery(url[len("etcd://") :], ttl=ttl, **etcd_options)
     raise ValueError(f"unknown discovery backend {url!r}: use mem, file:DIR or etcd://host:port")
 
 

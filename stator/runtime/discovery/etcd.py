@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import random
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +42,10 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text) if text else b""
 
 
+class _Unauthorized(Exception):
+    pass
+
+
 def prefix_range_end(prefix: bytes) -> bytes:
     """The first key after every key that starts with `prefix` (etcd's range idiom)."""
     stripped = prefix.rstrip(b"\xff")
@@ -50,11 +55,24 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 
 class EtcdDiscovery(Discovery):
-    def __init__(self, endpoints: str, ttl: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        ttl: float = 5.0,
+        *,
+        tls: ssl.SSLContext | None = None,
+        user: str | None = None,
+        password: str = "",
+    ) -> None:
         hosts = [h.strip() for h in endpoints.split(",") if h.strip()]
         if not hosts:
             raise ValueError("etcd discovery needs host:port, e.g. etcd://127.0.0.1:2379")
-        self.urls = [h if h.startswith("http") else f"http://{h}" for h in hosts]
+        scheme = "https" if tls is not None else "http"
+        self.urls = [h if h.startswith("http") else f"{scheme}://{h}" for h in hosts]
+        self.tls = tls
+        self.user = user
+        self.password = password
+        self._headers: dict[str, str] = {}
         # etcd rounds TTLs to whole seconds and refuses very short ones.
         self.ttl = max(2, math.ceil(ttl))
         self.lease_id = random.getrandbits(63) or 1
@@ -70,15 +88,39 @@ class EtcdDiscovery(Discovery):
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+                connector=aiohttp.TCPConnector(ssl=self.tls) if self.tls else None,
             )
+        if self.user and not self._headers and path != "/v3/auth/authenticate":
+            await self._authenticate()
+        try:
+            return await self._post_once(path, body)
+        except _Unauthorized:
+            if not self.user:
+                raise DiscoveryUnavailable("etcd wants authentication: pass --etcd-user") from None
+            await self._authenticate()  # the token expired
+            return await self._post_once(path, body)
+
+    async def _authenticate(self) -> None:
+        self._headers = {}
+        reply = await self._post_once(
+            "/v3/auth/authenticate", {"name": self.user, "password": self.password}
+        )
+        self._headers = {"Authorization": reply.get("token", "")}
+
+    async def _post_once(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self._session is not None
         errors = []
         for step in range(len(self.urls)):
             index = (self._current + step) % len(self.urls)
             url = self.urls[index] + path
             try:
-                async with self._session.post(url, json=body) as resp:
+                async with self._session.post(url, json=body, headers=self._headers) as resp:
                     payload = await resp.json(content_type=None)
+                    if resp.status == 401 or (
+                        resp.status != 200 and "token" in str(payload.get("message", ""))
+                    ):
+                        raise _Unauthorized(str(payload))
                     if resp.status != 200:
                         message = payload.get("message") or payload.get("error") or payload
                         raise DiscoveryUnavailable(
@@ -198,7 +240,9 @@ class EtcdDiscovery(Discovery):
         url = self.urls[self._current] + "/v3/watch"
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT)
         try:
-            async with self._session.post(url, json=body, timeout=timeout) as resp:
+            async with self._session.post(
+                url, json=body, timeout=timeout, headers=self._headers
+            ) as resp:
                 self._watch_responses.add(resp)
                 try:
                     async for message in _json_stream(resp.content):

@@ -72,11 +72,14 @@ class FileDiscovery(Discovery):
     async def start(self) -> None:
         if self._started:
             return
-        self.keys_dir.mkdir(parents=True, exist_ok=True)
-        self.leases_dir.mkdir(parents=True, exist_ok=True)
+        # Private: the entries list every worker's request-plane address (the directory
+        # is for processes of one user on one host).
+        self.keys_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.keys_dir.mkdir(mode=0o700, exist_ok=True)
+        self.leases_dir.mkdir(mode=0o700, exist_ok=True)
         while True:  # a fresh lease id that no live or dead owner has used
             try:
-                fd = os.open(self._lease_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = os.open(self._lease_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
                 os.close(fd)
                 break
             except FileExistsError:
@@ -103,12 +106,14 @@ class FileDiscovery(Discovery):
         try:
             os.utime(self._lease_file)
         except FileNotFoundError:
-            self._lease_file.touch()
+            self._lease_file.touch(mode=0o600)
 
     def _write(self, key: str, value: bytes) -> None:
         final = self.keys_dir / key_to_filename(key)
         tmp = self.keys_dir / f".tmp-{self.lease_id:x}-{random.getrandbits(32):x}"
-        tmp.write_bytes(_encoder.encode((self.lease_id, value)))
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_encoder.encode((self.lease_id, value)))
         os.replace(tmp, final)
 
     async def put(self, key: str, value: bytes) -> None:

@@ -8,13 +8,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from stator.runtime.discovery import Discovery
 from stator.runtime.event_plane.base import EventPlane
 from stator.runtime.event_plane.inproc import InprocEventPlane
 
 
 def open_event_plane(
-    url: str, *, discovery: Discovery, namespace: str, host: str = "127.0.0.1"
+    url: str,
+    *,
+    discovery: Discovery,
+    namespace: str,
+    host: str = "127.0.0.1",
+    nats_options: dict[str, Any] | None = None,
 ) -> EventPlane:
     if url == "inproc" or url.startswith("inproc:"):
         name = url.split(":", 1)[1] if ":" in url else "default"
@@ -23,10 +30,10 @@ def open_event_plane(
         from stator.runtime.event_plane.zmq import ZmqEventPlane
 
         return ZmqEventPlane(discovery=discovery, namespace=namespace, host=host)
-    if url.startswith("nats://"):
+    if url.startswith(("nats://", "tls://")):
         from stator.runtime.event_plane.nats import NatsEventPlane
 
-        return NatsEventPlane(url)
+        return NatsEventPlane(url, options=nats_options)
     raise ValueError(f"unknown event plane {url!r}: use inproc, zmq or nats://host:port")
 
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -33,8 +34,15 @@ def wildcard_for_prefix(prefix: str) -> str:
 
 
 class NatsEventPlane(EventPlane):
-    def __init__(self, url: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        url: str,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.url = url
+        # TLS and credentials (RuntimeConfig.nats_options): tls, user_credentials, token.
+        self.options = dict(options or {})
         self.connect_timeout = connect_timeout
         self._nc: NatsClient | None = None
         self._queues: list[asyncio.Queue[tuple[str, bytes]]] = []
@@ -57,6 +65,7 @@ class NatsEventPlane(EventPlane):
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,
                     error_cb=_log_error,
+                    **self.options,
                 )
                 self._nc = await asyncio.wait_for(connect, self.connect_timeout)
             except (NatsError, OSError, TimeoutError) as exc:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from stator.runtime.request_plane.frames import PING, Frame, FrameReader, FrameWriter, ProtocolError
+from stator.runtime.security import Handshake, HandshakeFailed
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 # for a few seconds (a long CPU forward pass) must not be declared dead.
 HEARTBEAT_INTERVAL = 1.0
 DEAD_AFTER = 10.0
+# Seconds a new connection has to complete the fleet-secret handshake.
+HANDSHAKE_TIMEOUT = 5.0
 # Above this many pending bytes, frames are written at once instead of at the end of the
 # event-loop turn (a handler that yields without awaiting would otherwise buffer forever).
 _FLUSH_NOW = 256 * 1024
@@ -30,7 +33,10 @@ class Connection(asyncio.Protocol, abc.ABC):
     """Base protocol: subclasses implement `on_frame` and `on_lost`."""
 
     def __init__(
-        self, heartbeat_interval: float = HEARTBEAT_INTERVAL, dead_after: float = DEAD_AFTER
+        self,
+        heartbeat_interval: float = HEARTBEAT_INTERVAL,
+        dead_after: float = DEAD_AFTER,
+        handshake: Handshake | None = None,
     ) -> None:
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
@@ -45,6 +51,12 @@ class Connection(asyncio.Protocol, abc.ABC):
         self._dead_after = dead_after
         self._last_recv = self._last_sent = time.monotonic()
         self._heartbeat: asyncio.TimerHandle | None = None
+        # The fleet-secret handshake (stator.runtime.security): until it is done, frames
+        # are neither read nor written, only queued.
+        self._handshake = handshake
+        self.ready: asyncio.Future[None] = self.loop.create_future()
+        if handshake is None:
+            self.ready.set_result(None)
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -61,17 +73,52 @@ class Connection(asyncio.Protocol, abc.ABC):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
         self._heartbeat = self.loop.call_later(self._interval, self._beat)
+        if self._handshake is not None:
+            greeting = self._handshake.greeting()
+            if greeting:
+                transport.write(greeting)  # type: ignore[attr-defined]
+            self.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_expired)
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = time.monotonic()
+        if self._handshake is not None and not self._handshake.done:
+            try:
+                reply, data = self._handshake.feed(data)
+            except HandshakeFailed as exc:
+                self._fail_handshake(str(exc))
+                return
+            if reply and self.transport is not None:
+                self.transport.write(reply)
+            if not self._handshake.done:
+                return
+            if not self.ready.done():
+                self.ready.set_result(None)
+            self.flush()
+            if not data:
+                return
         try:
             self._reader.feed(data)
         except ProtocolError as exc:
             log.warning("closing connection to %s: %s", self.peer, exc)
             self.abort()
 
+    def _fail_handshake(self, why: str) -> None:
+        log.warning("closing request-plane connection with %s: %s", self.peer, why)
+        self._set_failed(why)
+        self.abort()
+
+    def _set_failed(self, why: str) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(HandshakeFailed(why))
+            self.ready.exception()  # marked retrieved: a server side never awaits it
+
+    def _handshake_expired(self) -> None:
+        if self._handshake is not None and not self._handshake.done and not self.closed:
+            self._fail_handshake(f"no fleet handshake within {HANDSHAKE_TIMEOUT:.0f}s")
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._set_failed(f"connection lost: {exc or 'closed'}")
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         self._can_write.set()  # wake writers; they see `closed`
@@ -110,6 +157,8 @@ class Connection(asyncio.Protocol, abc.ABC):
         self._flush_scheduled = False
         if self.closed or not self._writer.buffer or self.transport is None:
             return
+        if self._handshake is not None and not self._handshake.done:
+            return  # queued until the peer has proved itself
         self.transport.write(self._writer.take())
         self._last_sent = time.monotonic()
 

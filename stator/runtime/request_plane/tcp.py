@@ -27,6 +27,7 @@ import msgspec
 from stator.protocols import decoder
 from stator.runtime.errors import (
     CannotConnect,
+    ConnectionRefused,
     EndpointNotFound,
     EngineShutdown,
     Migratable,
@@ -36,6 +37,7 @@ from stator.runtime.errors import (
 from stator.runtime.request_plane import frames as f
 from stator.runtime.request_plane.base import Handler, RequestClient, RequestServer
 from stator.runtime.request_plane.connection import DEAD_AFTER, HEARTBEAT_INTERVAL, Connection
+from stator.runtime.security import FleetSecurity, Handshake, HandshakeFailed
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,17 @@ def split_address(address: str) -> tuple[str, int]:
 # -- server ------------------------------------------------------------------------------
 
 
+def _handshake(security: FleetSecurity | None, server: bool) -> Handshake | None:
+    if security is None or security.secret is None:
+        return None
+    return Handshake(security.secret, server=server)
+
+
 class _ServerConnection(Connection):
     def __init__(self, server: TcpServer) -> None:
-        super().__init__(server.heartbeat_interval, server.dead_after)
+        super().__init__(
+            server.heartbeat_interval, server.dead_after, _handshake(server.security, True)
+        )
         self.server = server
         self.tasks: dict[int, asyncio.Task] = {}
 
@@ -138,9 +148,11 @@ class TcpServer(RequestServer):
         *,
         heartbeat_interval: float = HEARTBEAT_INTERVAL,
         dead_after: float = DEAD_AFTER,
+        security: FleetSecurity | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.security = security
         self.heartbeat_interval = heartbeat_interval
         self.dead_after = dead_after
         self._handlers: dict[str, tuple[Handler, Any]] = {}
@@ -161,7 +173,11 @@ class TcpServer(RequestServer):
             return
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), self.host, self.port, reuse_address=True
+            lambda: _ServerConnection(self),
+            self.host,
+            self.port,
+            reuse_address=True,
+            ssl=self.security.server_ssl if self.security else None,
         )
         port = self._server.sockets[0].getsockname()[1]
         host = self.host
@@ -221,8 +237,14 @@ class _Inbox:
 
 
 class _ClientConnection(Connection):
-    def __init__(self, address: str, heartbeat_interval: float, dead_after: float) -> None:
-        super().__init__(heartbeat_interval, dead_after)
+    def __init__(
+        self,
+        address: str,
+        heartbeat_interval: float,
+        dead_after: float,
+        handshake: Handshake | None = None,
+    ) -> None:
+        super().__init__(heartbeat_interval, dead_after, handshake)
         self.address = address
         self.inboxes: dict[int, _Inbox] = {}
         self._ids = itertools.count(1)
@@ -256,7 +278,9 @@ class TcpClient(RequestClient):
         heartbeat_interval: float = HEARTBEAT_INTERVAL,
         dead_after: float = DEAD_AFTER,
         connect_timeout: float = CONNECT_TIMEOUT,
+        security: FleetSecurity | None = None,
     ) -> None:
+        self.security = security
         self.heartbeat_interval = heartbeat_interval
         self.dead_after = dead_after
         self.connect_timeout = connect_timeout
@@ -278,16 +302,30 @@ class TcpClient(RequestClient):
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = split_address(address)
         loop = asyncio.get_running_loop()
-        try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: _ClientConnection(address, self.heartbeat_interval, self.dead_after),
-                    host,
-                    port,
+        security = self.security
+        tls = security.client_ssl if security else None
+
+        async def connect() -> _ClientConnection:
+            _, conn = await loop.create_connection(
+                lambda: _ClientConnection(
+                    address,
+                    self.heartbeat_interval,
+                    self.dead_after,
+                    _handshake(security, False),
                 ),
-                self.connect_timeout,
+                host,
+                port,
+                ssl=tls,
+                server_hostname=host if tls else None,
             )
-        except (OSError, TimeoutError) as exc:
+            await conn.ready  # the fleet handshake, when there is one
+            return conn
+
+        try:
+            conn = await asyncio.wait_for(connect(), self.connect_timeout)
+        except ConnectionRefusedError as exc:
+            raise ConnectionRefused(f"cannot connect to {address}: {exc}") from exc
+        except (OSError, TimeoutError, HandshakeFailed) as exc:
             raise CannotConnect(f"cannot connect to {address}: {exc or 'timed out'}") from exc
         self._connections[address] = conn
         return conn

@@ -50,6 +50,18 @@ ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mistral_window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 12}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    # An odd expert count, top-3, and a window (on layers 0 and 2) shorter than the prompts.
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {"num_local_experts": 7, "num_experts_per_tok": 3, "sliding_window": 12},
+    ),
+    # Experts split across 2 tensor-parallel ranks (4 each).
+    "gpt_oss_ep": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {"num_local_experts": 8, "num_experts_per_tok": 4, "sliding_window": 12},
+    ),
 }
 
 

@@ -182,10 +182,12 @@ for slots_n, rank, bounds, k, tokens in [
     x, y = torch.randn(tokens, k), torch.randn(tokens, n)
     batch = build_lora_batch(slots, slots_n, torch.device("cpu"), groups=True)
     ref = layer._apply_torch(x, y.clone(), batch)
-    out = y.clone()
-    lora_expand(lora_shrink(x, layer.a, batch), layer.b, out, batch, bounds, rank)
-    err = float((out - ref).abs().max() / ref.abs().max())
-    assert err < 1e-5, err
+    for workspace in (None, torch.zeros(3, tokens, len(bounds) * rank + 8)):
+        batch.workspace = workspace
+        out = y.clone()
+        lora_expand(lora_shrink(x, layer.a, batch, 1), layer.b, out, batch, bounds, rank)
+        err = float((out - ref).abs().max() / ref.abs().max())
+        assert err < 1e-5, err
 print("ok")
 """
 

@@ -4,6 +4,7 @@ host memory and disk, and the outputs are those of an engine that recomputed the
 from __future__ import annotations
 
 import pytest
+import torch
 
 from stator.kv.block_copy import block_bytes
 from stator.kv.hashing import block_hashes
@@ -137,3 +138,32 @@ def test_offload_flags_are_checked(llama, tmp_path):
         _core(model_dir, host_blocks=4, enable_prefix_caching=False)
     with pytest.raises(ValueError, match="disk-offload-gb"):
         _core(model_dir, host_blocks=4, disk_dir=tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("policy", ["always", "auto"])
+def test_cuda_host_tier_gives_the_same_tokens(llama, policy):
+    model_dir, _ = llama
+    cuda = {"device": "cuda", "dtype": "bfloat16", "overlap": "on"}
+    per_block = core_for(model_dir, **cuda, kv_cache_memory="1MiB").runner.bytes_per_block()
+    plain = core_for(model_dir, **cuda, kv_cache_memory=str(GPU_BLOCKS * per_block))
+    expected = _turns(plain, prompt(1, 70), prompt(2, 90))
+    core = core_for(
+        model_dir,
+        **cuda,
+        kv_cache_memory=str(GPU_BLOCKS * per_block),
+        cpu_offload_gb=16 * per_block / GiB,
+        kv_load_policy=policy,
+    )
+    outs = _turns(core, prompt(1, 70), prompt(2, 90))
+    for rid in ("a1", "b", "a2"):
+        assert tokens_of(outs[rid]) == tokens_of(expected[rid]), rid
+    if policy == "always":
+        assert core.offload.stats.hits["host"] >= 2
+        assert outs["a2"][0].cached_tokens >= 64
+    assert core.offload.host.buffer.is_pinned()
+    core.offload.settle()
+    assert core.offload.poll() == [] and not core.offload._inflight
+    assert core.blocks.num_used_blocks == 0
+    core.close()

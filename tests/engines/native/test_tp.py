@@ -77,7 +77,7 @@ def _wait_gone(pid: int, timeout: float = 30.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("name", ["llama3", "qwen3", "qwen2", "llama_tied"])
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "qwen2", "llama_tied", "gpt_oss_ep"])
 def test_tp2_matches_tp1(checkpoints, name):
     model_dir, _ = checkpoints(name)
     # A small step budget: prompts are chunked and mixed with decodes.

@@ -26,6 +26,11 @@ BLOCK_N = 64
 _LOG2E = 1.4426950408889634
 
 
+def _precision(q: torch.Tensor) -> str:
+    """float32 (tests): exact products; tf32's 10-bit mantissa would flip near-ties."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _decode_split_kernel(
     q_ptr,
@@ -47,6 +52,7 @@ def _decode_split_kernel(
     PAGE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -79,14 +85,14 @@ def _decode_split_kernel(
         token = page.to(tl.int64) * PAGE + cols % PAGE
         offs = token[:, None] * tok_stride + kvh * HEAD_DIM + dims[None, :]
         k = tl.load(k_cache_ptr + offs, mask=ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + offs, mask=ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     has = l_i > 0
     out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
@@ -198,6 +204,7 @@ def paged_decode_attention(
         PAGE=page,
         BLOCK_N=BLOCK_N,
         NUM_SPLITS=num_splits,
+        PRECISION=_precision(q),
         num_warps=4,
         num_stages=2,
     )

@@ -21,6 +21,11 @@ import triton.language as tl
 _LOG2E = 1.4426950408889634
 
 
+def _precision(q: torch.Tensor) -> str:
+    """float32 (tests): exact products; tf32's 10-bit mantissa would flip near-ties."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _extend_kernel(
     q_ptr,
@@ -45,6 +50,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     h = tl.program_id(0)  # fastest: the q heads of a GQA group share K/V tiles in L2
     tile = tl.program_id(1)
@@ -87,7 +93,7 @@ def _extend_kernel(
         token = page.to(tl.int64) * PAGE + cols % PAGE
         offs = token[:, None] * tok_stride + kvh * HEAD_DIM + dims[None, :]
         k = tl.load(k_cache_ptr + offs, mask=ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         visible = ok[None, :] & (cols[None, :] <= q_pos[:, None])
         visible &= (window <= 0) | (cols[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -97,7 +103,7 @@ def _extend_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + offs, mask=ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
@@ -158,6 +164,7 @@ def paged_extend_attention(
         BLOCK_M=block_m,
         BLOCK_N=64,
         HAS_SINKS=sinks is not None,
+        PRECISION=_precision(q),
         num_warps=4,
         num_stages=2,
     )

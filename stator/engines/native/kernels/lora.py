@@ -148,14 +148,18 @@ def _split_k(k: int, block_k: int) -> int:
     return max(1, min(8, k // (block_k * 16)))
 
 
-def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoraBatch, index: int = 0) -> torch.Tensor:
     """h [T, n * R] float32 = x @ A_slot^T for every token that uses an adapter (rows of
-    base-model tokens are left zero)."""
+    base-model tokens are left zero). `index`: the projection's row of the batch's zeroed
+    workspace, when it has one."""
     if x.stride(1) != 1:
         x = x.contiguous()
     tokens, k = x.shape
     slots, n, _ = a.shape
-    h = torch.zeros(tokens, n, dtype=torch.float32, device=x.device)
+    if batch.workspace is not None:
+        h = batch.workspace[index, :tokens, :n]
+    else:
+        h = torch.zeros(tokens, n, dtype=torch.float32, device=x.device)
     block_n = 16 if n <= 16 else 32
     block_k = 64
     split = _split_k(k, block_k)

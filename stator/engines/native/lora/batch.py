@@ -19,6 +19,9 @@ class LoraBatch:
     starts: torch.Tensor  # [num_slots + 1] int32
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (slot, rows)
     num_tokens: int = 0  # tokens of the step (all rows, adapter or not)
+    # Zeroed float32 [projections, tokens, width] for every projection's shrink output:
+    # one memset per step instead of one per projection (decode-sized steps on CUDA).
+    workspace: torch.Tensor | None = None
 
 
 def token_slots(seq_slots: list[int], num_new: list[int]) -> list[int]:

@@ -15,8 +15,14 @@ from stator.engines.native.lora.batch import LoraBatch
 
 class LoraLayer:
     def __init__(
-        self, a: torch.Tensor, b: torch.Tensor, bounds: list[tuple[int, int]], rank: int
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bounds: list[tuple[int, int]],
+        rank: int,
+        index: int = 0,
     ) -> None:
+        self.index = index  # this projection's row of `LoraBatch.workspace`
         self.a = a
         self.b = b
         self.bounds = bounds
@@ -26,7 +32,7 @@ class LoraLayer:
         if x.is_cuda:
             from stator.engines.native.kernels.lora import lora_expand, lora_shrink
 
-            h = lora_shrink(x, self.a, batch)
+            h = lora_shrink(x, self.a, batch, self.index)
             lora_expand(h, self.b, y, batch, self.bounds, self.rank)
             return y
         return self._apply_torch(x, y, batch)

@@ -53,17 +53,25 @@ class LoraSlots:
     def allocate(self) -> None:
         """Zeroed slot tensors on the device (again after a sleep freed them)."""
         r, s = self.max_rank, self.num_slots
-        for key, module in self._modules.items():
+        for index, (key, module) in enumerate(self._modules.items()):
             slices = list(module.shard_slices().values())
             bounds = [(sl.start, sl.stop) for sl in slices] or [(0, module.out_features)]
             a = torch.zeros(
                 s, len(bounds) * r, module.in_features, dtype=self.dtype, device=self.device
             )
             b = torch.zeros(s, module.out_features, r, dtype=self.dtype, device=self.device)
-            layer = LoraLayer(a, b, bounds, r)
+            layer = LoraLayer(a, b, bounds, r, index)
             self.layers[key] = layer
             module.lora = layer
         self.owner = [None] * s
+
+    def workspace_shape(self) -> tuple[int, int]:
+        """(projections, widest shrink output): `LoraBatch.workspace` is [p, tokens, w]."""
+        widest = 0
+        for module in self._modules.values():
+            shards = max(1, len(module.shard_slices()))
+            widest = max(widest, shards * self.max_rank)
+        return len(self._modules), widest
 
     def release(self) -> None:
         """Free the device tensors (sleep); `allocate` brings them back empty."""

@@ -49,6 +49,10 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.backend = backend
         self.scale = self.head_dim**-0.5
+        # This layer's sliding window (None: the model's, 0: none) and attention sinks
+        # ([Hq] logits, GPT-OSS); set by variants.
+        self.window: int | None = None
+        self.sinks: torch.Tensor | None = None
         # The paged cache of this layer, [num_blocks, block_size, Hkv, D]; set by the runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
@@ -62,15 +66,17 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         self.backend.store(k, v, self.k_cache, self.v_cache)
-        out = self.backend.attend(q, k, v, self.k_cache, self.v_cache, self.scale)
+        out = self.backend.attend(
+            q, k, v, self.k_cache, self.v_cache, self.scale, window=self.window, sinks=self.sinks
+        )
         return self.o_proj(out.flatten(1))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: Attention) -> None:
+    def __init__(self, spec: ModelSpec, attention: Attention, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = attention
-        self.mlp = GatedMLP(
+        self.mlp = mlp or GatedMLP(
             gate_up_linear(spec),
             RowParallelLinear(spec.intermediate_size, spec.hidden_size, spec.tp, bias=False),
         )

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call for GPT-OSS (issue 16) on one H100: the fused-MoE GPU tests, then
+# benchmarks/gpt_oss_gpu.py in parts, each in its own process under its own time limit,
+# most important first: 20B through HTTP (c=256, 1,000 ShareGPT-like requests), the 20B
+# MoE layer sweep + engine (MXFP4, with a kernel profile), 120B (MXFP4) engine, 20B with
+# bf16 experts. Outputs go to $OUT. Needs the o200k_harmony tokenizer.json at $TOKENIZER.
+set -u
+OUT=${OUT:-out}
+TOKENIZER=${TOKENIZER:-assets/o200k_harmony.tokenizer.json}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+LOG="$OUT/device.txt"
+run() {  # run LIMIT_S NAME CMD...: output appended to $LOG, status printed
+  local limit=$1 name=$2
+  shift 2
+  echo "== $name (limit ${limit}s, t=${SECONDS}s)" | tee -a "$LOG"
+  timeout -k 10 "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc t=${SECONDS}s" | tee -a "$LOG"
+}
+B="python3 benchmarks/gpt_oss_gpu.py --tokenizer-json $TOKENIZER --out $OUT"
+run 55 tests python3 -m pytest -q -p no:cacheprovider -m gpu -k "fused_moe or float32_matches" \
+  tests/engines/native/test_gpu_gpt_oss.py
+run 220 http_20b $B --model 20b --parts http
+run 110 engine_20b_mxfp4 $B --model 20b --parts moe engine --profile
+run 110 engine_120b_mxfp4 $B --model 120b --parts engine --batch-sizes 1 16 64 \
+  --max-model-len 4096 --gpu-memory-utilization 0.95
+run 70 engine_20b_bf16 $B --model 20b --moe-weights bf16 --parts engine --batch-sizes 1 64
+grep -E "^== |passed|failed" "$LOG"

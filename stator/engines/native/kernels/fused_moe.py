@@ -1,0 +1,235 @@
+"""Fused mixture of experts on CUDA: sort the (token, expert) pairs by expert, then two
+grouped GEMMs over those groups, with experts in bf16 or packed MXFP4.
+
+Alignment (`moe_align`, torch ops, no host sync, so it runs inside CUDA graphs): the
+T * k pairs are sorted by local expert and each expert's run is padded to a multiple of
+BLOCK_M; `block_expert[b]` names the expert of the b-th BLOCK_M rows (`local` = none: the
+program exits). Pairs routed to another rank's experts are left out (their rows stay 0).
+Up kernel, grid (row block, I / BLOCK_N): gate and up tiles of the same columns in one
+program, + biases, clamped SwiGLU, written per pair [T * k, I]. Down kernel, grid (row
+block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [T * k, H];
+the k pairs of a token are summed after (deterministic, no atomics).
+MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers
+(bit tricks in `_tile_dot`); for a few pairs (decode) `moe_gemv.py` streams the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_dot(
+    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, stride_n, s_stride_n,
+    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """acc [M, N] += A[a_rows, k0:k0 + BLOCK_K] @ W[n_idx, k0:k0 + BLOCK_K]^T, W one
+    expert's [N, K] (w_ptr, s_ptr already at the expert). The weight tile is loaded as
+    [K, N] directly (no transpose). Packed: the low nibbles (even k) and the high nibbles
+    (odd k) are two half-K dots against A's even and odd columns, so nothing is
+    interleaved; each byte's scale is gathered (16 bytes share one, from cache)."""
+    dtype = a_ptr.dtype.element_ty
+    if PACKED:
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        a_even = tl.load(a_ptr + a_rows[:, None] + 2 * kb[None, :], mask=row_ok[:, None], other=0.0)
+        a_odd = tl.load(
+            a_ptr + a_rows[:, None] + 2 * kb[None, :] + 1, mask=row_ok[:, None], other=0.0
+        )
+        raw = tl.load(w_ptr + n_idx[None, :] * stride_n + kb[:, None], mask=n_ok[None, :], other=0)
+        raw = raw.to(tl.int16)
+        sc = tl.load(
+            s_ptr + n_idx[None, :] * s_stride_n + (kb // 16)[:, None], mask=n_ok[None, :], other=0
+        )
+        # See moe_gemv.py: fp16 bits of value * 2^-14, and 2^(s - 127 + 14) as float bits.
+        scale = ((tl.minimum(sc.to(tl.int32), 240) + 14) << 23).to(tl.float32, bitcast=True)
+        lo = (((raw & 0x8) << 12) | ((raw & 0x7) << 9)).to(tl.float16, bitcast=True)
+        hi = (((raw & 0x80) << 8) | ((raw & 0x70) << 5)).to(tl.float16, bitcast=True)
+        w_lo = (lo.to(tl.float32) * scale).to(dtype)
+        w_hi = (hi.to(tl.float32) * scale).to(dtype)
+        acc = tl.dot(a_even, w_lo, acc, input_precision=PRECISION)
+        acc = tl.dot(a_odd, w_hi, acc, input_precision=PRECISION)
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)
+        w = tl.load(w_ptr + n_idx[None, :] * stride_n + ks[:, None], mask=n_ok[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _moe_up_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, inter, hidden, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
+    alpha, limit,
+    TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if e >= LOCAL:
+        return
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pairs < num_pairs
+    a_rows = tl.where(row_ok, pairs // TOP_K, 0).to(tl.int64) * stride_x
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < inter
+    dtype = out_ptr.dtype.element_ty
+    w = w_ptr + e * stride_e
+    sp = s_ptr + e * s_stride_e
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, stride_n,
+                          s_stride_n, BLOCK_K, PACKED, PRECISION)  # fmt: skip
+        acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, stride_n,
+                          s_stride_n, BLOCK_K, PACKED, PRECISION)  # fmt: skip
+    bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
+    bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
+    # Rounded to the model dtype as an unfused matmul's output would be.
+    gate = (acc_g + bg[None, :]).to(dtype).to(tl.float32)
+    up = (acc_u + bu[None, :]).to(dtype).to(tl.float32)
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
+    tl.store(
+        out_ptr + pairs[:, None].to(tl.int64) * inter + n[None, :],
+        h.to(dtype),
+        mask=row_ok[:, None] & n_ok[None, :],
+    )
+
+
+@triton.jit
+def _moe_down_kernel(
+    h_ptr, w_ptr, s_ptr, b_ptr, route_w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
+    LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PACKED: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if e >= LOCAL:
+        return
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    row_ok = pairs < num_pairs
+    rows = tl.where(row_ok, pairs, 0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < hidden
+    dtype = out_ptr.dtype.element_ty
+    w = w_ptr + e * stride_e
+    sp = s_ptr + e * s_stride_e
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        acc = _tile_dot(acc, h_ptr, rows * inter, row_ok, w, sp, n, n_ok, k0, stride_n,
+                        s_stride_n, BLOCK_K, PACKED, PRECISION)  # fmt: skip
+    bias = tl.load(b_ptr + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = (acc + bias[None, :]).to(dtype).to(tl.float32)
+    route = tl.load(route_w_ptr + rows, mask=row_ok, other=0.0)
+    tl.store(
+        out_ptr + rows[:, None] * hidden + n[None, :],
+        (y * route[:, None]).to(dtype),
+        mask=row_ok[:, None] & n_ok[None, :],
+    )
+
+
+def moe_align(
+    local_ids: torch.Tensor, local: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted pair ids [blocks * block_m], padded with num_pairs; expert of each block,
+    `local` past the last) for pair expert ids `local_ids` [T * k] in [0, local] (local:
+    another rank's expert). Shapes depend only on T * k, local and block_m."""
+    pairs = local_ids.numel()
+    dev = local_ids.device
+    num_blocks = triton.cdiv(pairs + local * (block_m - 1), block_m)
+    counts = torch.zeros(local + 1, dtype=torch.long, device=dev)
+    counts.scatter_add_(0, local_ids, torch.ones_like(local_ids))
+    padded = (counts[:local] + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    # [local + 1] each expert's first row; the last, the drop slot of other ranks' pairs.
+    # (Built on the device: a host scalar written into a tensor breaks graph capture.)
+    drop = ends.new_full((1,), num_blocks * block_m)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1], drop])
+    first_of = torch.cumsum(counts, 0) - counts  # each expert's first place in `order`
+    order = torch.sort(local_ids, stable=True).indices
+    expert = local_ids[order]
+    rank = torch.arange(pairs, device=dev) - first_of[expert]
+    place = starts[expert] + rank * (expert < local)
+    sorted_ids = torch.full((num_blocks * block_m + 1,), pairs, dtype=torch.long, device=dev)
+    sorted_ids.scatter_(0, place, order)
+    block_starts = torch.arange(num_blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(ends, block_starts, right=True)
+    return sorted_ids[:-1], block_expert
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by the most (token, expert) pairs they serve.
+# Measured on H100, 20B shapes, MXFP4, one layer as a CUDA graph (benchmarks/gpt_oss_gpu.py,
+# 2026-11-27): 64 tokens 712-801 us with (16, 128, 64, 4, 3) vs 732-1,146 for the others
+# tried; 256 tokens 1,536 us with it (a decode step of 256 sequences 36 ms; 55 ms with
+# (32, 64, 64, 4, 3)); 2,048 tokens 7.75 ms with (128, 128, 64, 8, 3) vs 11.9-15.9 ms.
+# ptxas reports register spills for these wide tiles (the up kernel holds two
+# accumulators); they are still the fastest measured.
+CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (1024, (16, 128, 64, 4, 3)),
+    (1 << 62, (128, 128, 64, 8, 3)),
+]
+
+
+# Up to this many (token, expert) pairs the per-pair streaming kernels (moe_gemv.py) win:
+# a tensor-core tile of 16 rows would hold about one pair per expert.
+GEMV_MAX_PAIRS = 32
+
+
+def _config(pairs: int, hidden: int, inter: int) -> tuple[int, int, int, int, int]:
+    block_m, block_n, block_k, warps, stages = next(c for n, c in CONFIGS if pairs <= n)
+    while hidden % block_k or inter % block_k:
+        block_k //= 2
+    if block_k < 32:
+        raise ValueError(f"fused MoE needs hidden and intermediate sizes of 32s: {hidden}, {inter}")
+    return block_m, block_n, block_k, warps, stages
+
+
+def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe) -> torch.Tensor:
+    """y [T, H] = sum over each token's k experts of weight * expert(x); `moe` is the
+    models.moe.MoE module holding this rank's experts."""
+    tokens, hidden = x.shape
+    top_k, inter, local = ids.shape[1], moe.inter, moe.local
+    pairs = tokens * top_k
+    if pairs <= GEMV_MAX_PAIRS:
+        from stator.engines.native.kernels.moe_gemv import moe_gemv
+
+        return moe_gemv(x, weights, ids, moe)
+    local_ids = (ids.reshape(-1) - moe.first).long()
+    if moe.tp.size > 1:
+        local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
+    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter)
+    sorted_ids, block_expert = moe_align(local_ids, local, block_m)
+    num_blocks = block_expert.shape[0]
+    if moe.packed:
+        w13, s13, w2, s2 = moe.w13_blocks, moe.w13_scales, moe.w2_blocks, moe.w2_scales
+        strides13 = (w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1))
+        strides2 = (w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1))
+    else:
+        w13, w2 = moe.w13, moe.w2
+        s13, s2 = w13, w2  # unused
+        strides13 = (w13.stride(0), w13.stride(1), 0, 0)
+        strides2 = (w2.stride(0), w2.stride(1), 0, 0)
+    # float32 (tests): exact products, not tf32's 10-bit mantissa.
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
+    x = x.contiguous()
+    _moe_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
+        x, w13, s13, moe.b13, act, sorted_ids, block_expert,
+        pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
+        TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PACKED=moe.packed, PRECISION=precision, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    alloc = torch.zeros if moe.tp.size > 1 else torch.empty
+    out = alloc(pairs, hidden, dtype=x.dtype, device=x.device)
+    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
+        act, w2, s2, moe.b2, weights.reshape(-1), out, sorted_ids, block_expert,
+        pairs, hidden, inter, *strides2,
+        LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PACKED=moe.packed, PRECISION=precision, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out.view(tokens, top_k, hidden).sum(1)

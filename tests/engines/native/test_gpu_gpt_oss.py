@@ -1,0 +1,111 @@
+"""GPT-OSS on CUDA (skipped without a GPU): the fused MoE (bf16 and packed MXFP4) against
+the PyTorch reference in the real shapes, and the tiny model through the Triton attention
+kernels (sinks, sliding window) against transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from stator.engines.native.config import ModelSpec
+from stator.engines.native.sharding import TPShard
+from tests.engines.native.models import (
+    core_for,
+    greedy_request,
+    hf_greedy,
+    prompt,
+    run_all,
+    tokens_of,
+)
+from tests.engines.native.test_gpt_oss import GPT_OSS_20B, _mxfp4_checkpoint
+from tests.engines.native.test_models import engine_prompt_logits, relative_error
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _moe(packed: bool, tp: TPShard = TPShard(), experts: int = 32):
+    from stator.engines.native.models.moe import MoE
+
+    spec = ModelSpec.from_dicts({**GPT_OSS_20B, "num_local_experts": experts}, {})
+    spec = dataclasses.replace(spec, tp=tp)
+    with torch.device("cuda"):
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            moe = MoE(spec, packed)
+        finally:
+            torch.set_default_dtype(previous)
+    moe.init_dummy(torch.Generator(device="cuda").manual_seed(0))
+    moe.router.weight.data.normal_(0, 0.05)
+    return moe
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("tokens", [1, 3, 40, 300, 1500])
+def test_fused_moe_matches_the_reference(packed, tokens):
+    from stator.engines.native.kernels.fused_moe import fused_moe
+
+    moe = _moe(packed)
+    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+    weights, ids = moe.route(x)
+    ours = fused_moe(x, weights, ids, moe).float()
+    ref = moe._reference(x, weights, ids).float()
+    err = (ours - ref).norm() / ref.norm()
+    assert err < 2e-2, err
+
+
+def test_fused_moe_computes_only_this_ranks_experts():
+    from stator.engines.native.kernels.fused_moe import fused_moe
+
+    moe = _moe(True, TPShard(rank=1, size=4))
+    assert (moe.first, moe.local) == (8, 8)
+    x = torch.randn(64, 2880, device="cuda", dtype=torch.bfloat16)
+    weights, ids = moe.route(x)
+    ours = fused_moe(x, weights, ids, moe).float()
+    ref = moe._reference(x, weights, ids).float()
+    assert ((ours - ref).norm() / ref.norm()) < 2e-2
+    untouched = ~((ids >= 8) & (ids < 16)).any(1)
+    assert untouched.any() and ours[untouched].abs().max() == 0
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_cuda_gpt_oss_float32_matches_transformers(checkpoints, eager):
+    model_dir, hf = checkpoints("gpt_oss")
+    ids = prompt(2, 45)
+    core = core_for(model_dir, device="cuda", dtype="float32", enforce_eager=eager)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert relative_error(engine_prompt_logits(core, ids).cpu(), ref) < 2e-3
+    expected = hf_greedy(hf, ids, 32)
+    assert tokens_of(run_all(core, [greedy_request("r", ids, 32)])["r"]) == expected
+
+
+def test_cuda_gpt_oss_chunks_prefix_hits_and_batches_match_transformers(checkpoints):
+    model_dir, hf = checkpoints("gpt_oss")
+    core = core_for(model_dir, device="cuda", dtype="float32", max_prefill_chunk=7)
+    shared = prompt(6, 48)
+    prompts = {"a": shared + prompt(7, 5), "b": prompt(3, 3), "c": prompt(9, 30)}
+    outs = run_all(core, [greedy_request(r, p, 16) for r, p in prompts.items()])
+    hit = run_all(core, [greedy_request("d", shared + prompt(8, 9), 16)])["d"]
+    assert hit[0].cached_tokens >= 32
+    prompts["d"], outs["d"] = shared + prompt(8, 9), hit
+    for rid, ids in prompts.items():
+        assert tokens_of(outs[rid]) == hf_greedy(hf, ids, 16), rid
+
+
+@pytest.mark.parametrize("moe_weights", ["bf16", "mxfp4"])
+def test_cuda_mxfp4_checkpoint_matches_transformers(tmp_path, checkpoints, moe_weights):
+    model_dir, hf = checkpoints("gpt_oss")
+    out, ref, _ = _mxfp4_checkpoint(tmp_path, model_dir, hf)
+    core = core_for(out, device="cuda", dtype="float32", moe_weights=moe_weights)
+    ids = prompt(9, 40)
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0]
+    assert relative_error(engine_prompt_logits(core, ids).cpu(), expected) < 2e-3
+    got = run_all(core, [greedy_request("r", ids, 32)])["r"]
+    assert tokens_of(got) == hf_greedy(ref, ids, 32)
