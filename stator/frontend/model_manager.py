@@ -13,7 +13,6 @@ routes through the source's router for that model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from stator.protocols import ModelCard, decode
 from stator.router import RouterConfig
 from stator.runtime import Runtime
 from stator.runtime.names import EndpointName, models_prefix
-from stator.runtime.tasks import cancel_and_wait
+from stator.runtime.tasks import cancel_and_wait, close_built
 
 log = logging.getLogger(__name__)
 
@@ -179,14 +178,7 @@ class ModelManager:
 
     @staticmethod
     async def _close_entry(entry: ModelEntry) -> None:
-        task = entry.pipeline
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            pipeline = await task
-            await pipeline.close()
+        await close_built(entry.pipeline, lambda pipeline: pipeline.close())
 
     def _signal(self) -> None:
         if self.metrics is not None:

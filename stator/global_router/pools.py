@@ -24,7 +24,7 @@ from stator.router import Router, RouterConfig
 from stator.router.busy import is_busy
 from stator.runtime import Client, Runtime, RuntimeConfig
 from stator.runtime.names import PREFILL_COMPONENT, EndpointName, models_prefix
-from stator.runtime.tasks import cancel_and_wait
+from stator.runtime.tasks import cancel_and_wait, close_built
 
 log = logging.getLogger(__name__)
 
@@ -158,15 +158,11 @@ class Pool:
 
     @staticmethod
     async def _close_route(route: PoolRoute) -> None:
-        task = route.router
-        if task is None:
-            return
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            router = await task
+        async def close(router: Router) -> None:
             await router.close()
             await router.client.close()
+
+        await close_built(route.router, close)
 
     def _signal(self) -> None:
         for listener in self.listeners:
