@@ -69,6 +69,18 @@ class Snapshot:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     pool_decisions: dict[str, float] = field(default_factory=dict)
 
+    def minus(self, old: Snapshot) -> Snapshot:
+        """What happened between `old` and this scrape of the same frontend."""
+        return Snapshot(
+            {name: h.minus(old.histograms.get(name)) for name, h in self.histograms.items()},
+            {
+                pool: n - old.pool_decisions.get(pool, 0.0)
+                if n >= old.pool_decisions.get(pool, 0.0)
+                else n
+                for pool, n in self.pool_decisions.items()
+            },
+        )
+
 
 def parse_metrics(text: str, model: str | None = None) -> Snapshot:
     snap = Snapshot()
@@ -141,28 +153,58 @@ def traffic(new: Snapshot, old: Snapshot | None) -> Traffic:
     )
 
 
+class ObservationUnavailable(Exception):
+    """No metrics source answered: the planner cannot see its traffic this time."""
+
+
+# What a metrics source that is down, restarting or unreachable raises; anything else is
+# our own bug and is not swallowed.
+_SOURCE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
+
+
 class FrontendScraper:
     """Scrapes `/metrics` of one or more frontends; `read()` -> the traffic since the
-    previous read."""
+    previous read, or None while no frontend has a baseline yet (the first read, or the
+    first after every frontend was unreachable). Raises `ObservationUnavailable` when no
+    frontend answers.
+
+    Each frontend keeps its own baseline. One that does not answer is left out and loses
+    its baseline; when it answers again that scrape is its new baseline, so the requests it
+    served while unreachable are never counted as one interval's burst (the interval it
+    comes back in undercounts it instead, which the predictor's window smooths)."""
 
     def __init__(self, urls: list[str], model: str | None = None) -> None:
         self.urls = [u.rstrip("/") + "/metrics" if not u.endswith("/metrics") else u for u in urls]
         self.model = model
-        self.last: Snapshot | None = None
+        self.last: dict[str, Snapshot] = {}
+        self.down: dict[str, str] = {}  # url -> why its last scrape failed
         self._session: aiohttp.ClientSession | None = None
 
-    async def read(self) -> Traffic:
+    async def _scrape(self, url: str) -> Snapshot:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        snaps = []
+        async with self._session.get(url) as resp:
+            resp.raise_for_status()
+            return parse_metrics(await resp.text(), self.model)
+
+    async def read(self) -> Traffic | None:
+        deltas: list[Snapshot] = []
         for url in self.urls:
-            async with self._session.get(url) as resp:
-                resp.raise_for_status()
-                snaps.append(parse_metrics(await resp.text(), self.model))
-        snap = merge(snaps)
-        out = traffic(snap, self.last)
-        self.last = snap
-        return out
+            try:
+                snap = await self._scrape(url)
+            except _SOURCE_ERRORS as exc:
+                self.down[url] = f"{type(exc).__name__}: {exc}"[:300]
+                self.last.pop(url, None)
+                continue
+            self.down.pop(url, None)
+            old = self.last.get(url)
+            self.last[url] = snap
+            if old is not None:
+                deltas.append(snap.minus(old))
+        if len(self.down) == len(self.urls):
+            reasons = "; ".join(f"{u}: {why}" for u, why in self.down.items())
+            raise ObservationUnavailable(f"no frontend answered: {reasons}")
+        return traffic(merge(deltas), None) if deltas else None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -196,6 +238,16 @@ class PrometheusReader:
         return None if math.isnan(value) else value
 
     async def read(self, window: float) -> Traffic:
+        """Raises `ObservationUnavailable` when Prometheus does not answer or fails a
+        query."""
+        try:
+            return await self._read(window)
+        except (*_SOURCE_ERRORS, RuntimeError, KeyError, IndexError) as exc:
+            raise ObservationUnavailable(
+                f"prometheus {self.url}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _read(self, window: float) -> Traffic:
         w, s = f"{max(1, round(window))}s", self.selector
 
         def increase(name: str) -> str:
