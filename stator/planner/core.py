@@ -5,11 +5,10 @@ One `RolePlanner` per (pool, role); `Planner` routes each observation to its own
 
 - `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
   size the role with `sizing` so the profile meets the targets (× `sla_headroom`). What
-  the model misses is learned from each interval, at the load it had: for TTFT a factor,
-  observed p90 / modelled (smoothed, 0.5–4), that divides the target (a p90 over a spread
-  of prompt lengths is a multiple of the TTFT at the mean length); for ITL an overhead,
-  observed p90 − modelled (smoothed, at most half the target), taken off the target (the
-  frontend and the stream add about the same few ms to every gap, whatever the batch). They
+  the model misses is learned from each interval, at the load it had, as two factors,
+  observed p90 / modelled (smoothed, 0.5–4), that divide their targets: for TTFT (a p90
+  over a spread of prompt lengths is a multiple of the TTFT at the mean length) and for
+  ITL (the p90 gap is a steady multiple of the modelled mean gap, `sizing`). They
   correct the modelled latency, not the engine's service time: scaling the service time
   would also scale the modelled utilization, and a p90 that is long because some prompts
   are long does not make the queue any busier.
@@ -73,7 +72,7 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     predicted_isl: float | None = None
     predicted_osl: float | None = None
     correction: float | None = None  # TTFT: observed / modelled
-    itl_overhead_ms: float | None = None  # ITL: observed − modelled
+    itl_correction: float | None = None  # ITL: observed / modelled
 
     @property
     def changed(self) -> bool:
@@ -112,7 +111,7 @@ class RolePlanner:
     isls: list[float] = field(default_factory=list)
     osls: list[float] = field(default_factory=list)
     correction: float = 1.0  # TTFT: observed / modelled
-    itl_overhead_ms: float = 0.0  # ITL: observed − modelled
+    itl_correction: float = 1.0  # ITL: observed / modelled
     last_change: float = -math.inf
 
     def tick(self, now: float, interval: float, obs: RoleObservation) -> Decision:
@@ -152,12 +151,12 @@ class RolePlanner:
             "predicted_isl": round(isl, 1),
             "predicted_osl": round(osl, 1),
             "correction": round(self.correction, 3),
-            "itl_overhead_ms": round(self.itl_overhead_ms, 3),
+            "itl_correction": round(self.itl_correction, 3),
         }
         if rate <= 0 or not self.isls:
             return c.min_workers, "no load", extra
         ttft = c.ttft_target * c.sla_headroom / self.correction
-        itl = c.itl_target * c.sla_headroom - self.itl_overhead_ms
+        itl = c.itl_target * c.sla_headroom / self.itl_correction
         if self.role == "prefill":
             size = sizing.prefill(self.profile, rate, isl, ttft)
         elif self.role == "decode":
@@ -174,7 +173,7 @@ class RolePlanner:
         if obs.requests < 5 or not workers or self.profile is None:
             return
         rate = obs.requests / interval / workers
-        ttft_ratio = itl_extra = None
+        ttft_ratio = itl_ratio = None
         if self.role == "aggregated":
             state = sizing.aggregated_state(self.profile, rate, obs.isl, obs.osl)
             if state is None:
@@ -182,7 +181,7 @@ class RolePlanner:
             if obs.ttft_p90_ms is not None:
                 ttft_ratio = obs.ttft_p90_ms / 1000 / state.ttft_s
             if obs.itl_p90_ms is not None:
-                itl_extra = obs.itl_p90_ms - state.itl_p90_s * 1000
+                itl_ratio = obs.itl_p90_ms / 1000 / state.itl_p90_s
         elif self.role == "prefill" and obs.ttft_p90_ms is not None:
             p = self.profile.ttft_ms(obs.isl) / 1000
             rho = min(0.95, rate * p)
@@ -190,12 +189,11 @@ class RolePlanner:
         elif self.role == "decode" and obs.itl_p90_ms is not None:
             context = obs.isl + obs.osl / 2
             batch = max(1.0, rate * obs.osl * obs.itl_p90_ms / 1000)
-            itl_extra = obs.itl_p90_ms - self.profile.itl_ms(batch, context)
+            itl_ratio = obs.itl_p90_ms / self.profile.itl_ms(batch, context)
         if ttft_ratio is not None:
             self.correction = _smoothed(self.correction, ttft_ratio)
-        if itl_extra is not None:
-            extra = min(max(itl_extra, 0.0), self.config.itl_target / 2)
-            self.itl_overhead_ms = 0.7 * self.itl_overhead_ms + 0.3 * extra
+        if itl_ratio is not None:
+            self.itl_correction = _smoothed(self.itl_correction, itl_ratio)
 
     def _load(self, obs: RoleObservation) -> tuple[int, str, dict]:
         c = self.config

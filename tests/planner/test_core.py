@@ -136,7 +136,7 @@ def test_correction_factor_tracks_observed_latency():
             obs(t * 10, requests=int(rate * 10), workers=1, ttft_p90_ms=state.ttft_s * 5000)
         )
     assert d.correction > 2.5
-    assert d.itl_overhead_ms == 0  # a slow TTFT says nothing about decode steps
+    assert d.itl_correction == 1  # a slow TTFT says nothing about decode steps
     assert d.desired >= 2  # the slower fleet needs more than the profile alone says
 
 
