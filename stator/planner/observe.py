@@ -122,7 +122,8 @@ def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
 
 @dataclass(frozen=True)
 class Traffic:
-    """One interval's traffic: requests (that got a first token), mean ISL/OSL, p90s."""
+    """One interval's traffic: requests that got their first token in it, mean ISL/OSL of
+    the requests that finished in it, p90s."""
 
     requests: int
     isl: float
@@ -144,7 +145,11 @@ def traffic(new: Snapshot, old: Snapshot | None) -> Traffic:
         for pool, n in new.pool_decisions.items()
     }
     return Traffic(
-        requests=round(isl.count),
+        # Requests counted when their first token came, not when they finished: the ISL
+        # histogram is observed at the end of a request, which lags its arrival by the
+        # whole generation (11 s on average on the Mooncake mix in benchmarks/planner.py,
+        # a minute for the longest outputs), and the planner would see a load step late.
+        requests=round(ttft.count),
         isl=isl.mean() or 0.0,
         osl=osl.mean() or 0.0,
         ttft_p90_ms=None if p90_ttft is None else p90_ttft * 1000,
@@ -256,7 +261,8 @@ class PrometheusReader:
         def p90(name: str) -> str:
             return f"histogram_quantile(0.9, sum by (le) (rate({name}_bucket{s}[{w}])))"
 
-        count = await self._scalar(increase(ISL + "_count")) or 0.0
+        count = await self._scalar(increase(TTFT + "_count")) or 0.0  # started, as traffic()
+        isl_count = await self._scalar(increase(ISL + "_count")) or 0.0
         isl_sum = await self._scalar(increase(ISL + "_sum")) or 0.0
         osl_count = await self._scalar(increase(OSL + "_count")) or 0.0
         osl_sum = await self._scalar(increase(OSL + "_sum")) or 0.0
@@ -268,7 +274,7 @@ class PrometheusReader:
         }
         return Traffic(
             requests=round(count),
-            isl=isl_sum / count if count else 0.0,
+            isl=isl_sum / isl_count if isl_count else 0.0,
             osl=osl_sum / osl_count if osl_count else 0.0,
             ttft_p90_ms=None if ttft is None else ttft * 1000,
             itl_p90_ms=None if itl is None else itl * 1000,

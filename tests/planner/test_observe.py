@@ -72,6 +72,8 @@ async def test_prometheus_reader_against_a_faked_api():
             result = [{"metric": {"pool": "fast"}, "value": [0, "12"]}]
         elif "histogram_quantile" in q:
             result = [{"metric": {}, "value": [0, "0.25" if "first_token" in q else "NaN"]}]
+        elif "first_token_seconds_count" in q:  # started: two still running
+            result = [{"metric": {}, "value": [0, "12"]}]
         elif "input_tokens_count" in q:
             result = [{"metric": {}, "value": [0, "10"]}]
         elif "input_tokens_sum" in q:
@@ -95,7 +97,7 @@ async def test_prometheus_reader_against_a_faked_api():
     finally:
         await reader.close()
         await runner.cleanup()
-    assert (t.requests, t.isl, t.osl) == (10, 2000, 150)
+    assert (t.requests, t.isl, t.osl) == (12, 2000, 150)
     assert t.ttft_p90_ms == 250 and t.itl_p90_ms is None
     assert t.pool_requests == {"fast": 12}
     assert any('{model="m"}[30s]' in q for q in queries)
