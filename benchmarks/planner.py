@@ -277,6 +277,12 @@ def variant_config(name: str, args) -> PlannerConfig:
             predictor_window=3,
             sla_headroom=0.9,
         ),
+        "E": dict(
+            min_workers=3,
+            load_predictor="moving-average",
+            predictor_window=3,
+            sla_headroom=0.9,
+        ),
         "L": dict(policy="load", min_workers=1),
     }
     return PlannerConfig(**{**base, **variants[name]})

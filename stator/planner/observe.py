@@ -131,6 +131,7 @@ class Traffic:
     ttft_p90_ms: float | None
     itl_p90_ms: float | None
     pool_requests: dict[str, float]
+    isl_p90: float = 0.0
 
 
 def traffic(new: Snapshot, old: Snapshot | None) -> Traffic:
@@ -155,6 +156,7 @@ def traffic(new: Snapshot, old: Snapshot | None) -> Traffic:
         ttft_p90_ms=None if p90_ttft is None else p90_ttft * 1000,
         itl_p90_ms=None if p90_itl is None else p90_itl * 1000,
         pool_requests=pools,
+        isl_p90=isl.quantile(0.9) or 0.0,
     )
 
 
@@ -268,6 +270,7 @@ class PrometheusReader:
         osl_sum = await self._scalar(increase(OSL + "_sum")) or 0.0
         ttft = await self._scalar(p90(TTFT))
         itl = await self._scalar(p90(ITL))
+        isl_p90 = await self._scalar(p90(ISL))
         pools = {
             r["metric"].get("pool", ""): float(r["value"][1])
             for r in await self._query(f"sum by (pool) (increase({DECISIONS}[{w}]))")
@@ -279,6 +282,7 @@ class PrometheusReader:
             ttft_p90_ms=None if ttft is None else ttft * 1000,
             itl_p90_ms=None if itl is None else itl * 1000,
             pool_requests=pools,
+            isl_p90=isl_p90 or 0.0,
         )
 
     async def close(self) -> None:

@@ -236,6 +236,7 @@ class PlannerService:
                         requests=requests,
                         isl=traffic.isl,
                         osl=traffic.osl,
+                        isl_p90=traffic.isl_p90,
                         ttft_p90_ms=traffic.ttft_p90_ms,
                         itl_p90_ms=traffic.itl_p90_ms,
                         loads=watch.worker_loads(role),

@@ -43,6 +43,7 @@ def test_traffic_between_two_scrapes_of_a_real_frontend_registry():
     t = traffic(second, first)
     assert t.requests == 20
     assert t.isl == pytest.approx(3000) and t.osl == pytest.approx(50)
+    assert 2048 < t.isl_p90 <= 4096  # the 3000-token prompts' power-of-two bucket
     assert 25 <= t.ttft_p90_ms <= 50  # inside the 25-50 ms bucket
     assert 10 <= t.itl_p90_ms <= 15
     assert traffic(first, None).requests == 10
