@@ -38,11 +38,12 @@ class PlannerConfig:
     )
     sla_headroom: float = option(
         0.8,
-        "Plan for this fraction of each target (the model predicts means; targets are p90)",
+        "Plan for this fraction of each target (room for bursts within an interval and for "
+        "the predictor's lag)",
     )
     correction: bool = option(
         True,
-        "Scale the profile's latencies by observed/predicted (smoothed, 0.5-4x): the fleet "
+        "Scale the profile's latencies by observed/predicted (median of 6, 0.5-4x): the fleet "
         "is slower than a lone worker profiled in isolation",
     )
     min_workers: int = option(1, "Fewest workers per role and pool")
