@@ -35,7 +35,6 @@ from benchmarks.native_gpu import LLAMA_31_8B, drain, random_ids, request
 from stator.engines.native.config import NativeConfig
 from stator.engines.native.engine_core import EngineCore
 from stator.engines.native.lora.adapter import load_adapter, pin_adapter
-from stator.engines.native.lora.layer import LoraLayer
 from tests.engines.native.lora_adapters import write_random_adapter
 
 
@@ -113,28 +112,16 @@ def lora_core(model_dir: Path, paths: list[Path], args, **extra) -> EngineCore:
 
 
 def interleaved(model_dir: Path, paths: list[Path], args, res: dict, save) -> None:
-    kv = "4GiB" if args.compare_serial_shrink else "8GiB"  # 64 x 384 tokens need 3 GiB
-    base = make_core(model_dir, args, kv_cache_memory=kv)
-    lora = lora_core(model_dir, paths, args, kv_cache_memory=kv)
+    base = make_core(model_dir, args, kv_cache_memory="8GiB")
+    lora = lora_core(model_dir, paths, args, kv_cache_memory="8GiB")
     names = [f"lora{i}" for i in range(args.adapters)]
-    serial = None
-    if args.compare_serial_shrink:
-        # The flag is read while the decode graphs are captured (in the engine's start).
-        LoraLayer.overlap_shrink = False
-        serial = lora_core(model_dir, paths, args, kv_cache_memory=kv)
-        LoraLayer.overlap_shrink = True
-        throughput(serial, args, names, "sw")
     throughput(base, args, [None], "bw")
     throughput(lora, args, names, "lw")
     runs: dict[str, list[float]] = {"base": [], "lora": [], "lora_engine_base": []}
-    if serial is not None:
-        runs["lora_serial_shrink"] = []
     b1: dict[str, list[float]] = {"base": [], "lora": []}
     for r in range(args.interleave):
         runs["base"].append(throughput(base, args, [None], f"b{r}-"))
         runs["lora"].append(throughput(lora, args, names, f"l{r}-"))
-        if serial is not None:
-            runs["lora_serial_shrink"].append(throughput(serial, args, names, f"s{r}-"))
         runs["lora_engine_base"].append(throughput(lora, args, [None], f"lb{r}-"))
         b1["base"].append(batch1(base, None, f"b1{r}"))
         b1["lora"].append(batch1(lora, "lora0", f"l1{r}"))
@@ -146,8 +133,6 @@ def interleaved(model_dir: Path, paths: list[Path], args, res: dict, save) -> No
     res["lora_vs_base"] = med["lora"] / med["base"]
     res["lora_vs_lora_engine_base"] = med["lora"] / med["lora_engine_base"]
     res["lora_b1_vs_base"] = med_b1["lora"] / med_b1["base"]
-    if serial is not None:
-        res["lora_serial_shrink_vs_base"] = med["lora_serial_shrink"] / med["base"]
     save()
 
 
@@ -164,12 +149,6 @@ def main() -> None:
         default=0,
         help="Build both engines (8 GiB of KV each) and alternate base and LoRA runs this "
         "many times (medians reported; GPU clocks and host noise hit both alike)",
-    )
-    parser.add_argument(
-        "--compare-serial-shrink",
-        action="store_true",
-        help="With --interleave: also a LoRA engine whose decode graphs run each shrink "
-        "after its base matmul instead of beside it (4 GiB of KV per engine)",
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -1,14 +1,10 @@
-"""`LoraLayer`: the adapter slots of one projection, applied around its base matmul.
+"""`LoraLayer`: the adapter slots of one projection, applied around its base matmul
+(`shrink` before it, `expand` after it).
 
 A projection of `n` shards (q/k/v: 3, gate/up: 2, others: 1) holds, per slot,
 `a` [n * R, in] (shard i's A in rows i*R..) and `b` [out, R] (each output row's B row, of
 its own shard); ranks below R are zero-padded. `y += (x @ A_i^T) @ B_i^T` per shard, for
 the tokens of each slot: Triton kernels on CUDA, a loop over the slots in use elsewhere.
-
-The projection calls `shrink(x)` before its base matmul and `expand(y)` after it. While a
-CUDA graph is captured the shrink goes on a side stream, so the graph runs it beside the
-base matmul (both only read x) and the step waits for the small kernel's latency once
-per projection (the expand) instead of twice.
 """
 
 from __future__ import annotations
@@ -24,14 +20,9 @@ from stator.engines.native.lora.batch import LoraBatch
 class PendingLora:
     x: torch.Tensor
     h: torch.Tensor | None = None  # the shrink's output (CUDA)
-    side: torch.cuda.Stream | None = None  # the stream the shrink was queued on
 
 
 class LoraLayer:
-    # Queue the shrink on a side stream while a CUDA graph is captured (module doc).
-    overlap_shrink = True
-    _side_streams: dict[torch.device, torch.cuda.Stream] = {}
-
     def __init__(
         self,
         a: torch.Tensor,
@@ -47,32 +38,19 @@ class LoraLayer:
         self.rank = rank
 
     def shrink(self, x: torch.Tensor, batch: LoraBatch) -> PendingLora:
-        pending = PendingLora(x)
+        """The first half, before the base matmul (CUDA: h = x @ A^T into the workspace)."""
         if not x.is_cuda:
-            return pending  # the torch path does both halves in `expand`
+            return PendingLora(x)  # the torch path does both halves in `expand`
         from stator.engines.native.kernels.lora import lora_shrink
 
-        # Made outside a capture (the warm-up step before it): creating streams is no
-        # operation a graph can record.
-        side = self._side_streams.get(x.device)
-        if side is None:
-            side = self._side_streams[x.device] = torch.cuda.Stream(x.device)
-        if self.overlap_shrink and torch.cuda.is_current_stream_capturing():
-            side.wait_stream(torch.cuda.current_stream(x.device))
-            with torch.cuda.stream(side):
-                pending.h = lora_shrink(x, self.a, batch, self.index)
-            pending.side = side
-        else:
-            pending.h = lora_shrink(x, self.a, batch, self.index)
-        return pending
+        return PendingLora(x, lora_shrink(x, self.a, batch, self.index))
 
     def expand(self, pending: PendingLora, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+        """y (the base matmul's output) += the delta, in place on CUDA."""
         if pending.h is None:
             return self._apply_torch(pending.x, y, batch)
         from stator.engines.native.kernels.lora import lora_expand
 
-        if pending.side is not None:
-            torch.cuda.current_stream(y.device).wait_stream(pending.side)
         lora_expand(pending.h, self.b, y, batch, self.bounds, self.rank)
         return y
 
