@@ -17,7 +17,7 @@ from torch import nn
 
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.context import StepContext, set_context
-from stator.engines.native.lora.batch import LoraBatch
+from stator.engines.native.lora.graph_inputs import LoraGraphInputs
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +60,18 @@ class DecodeGraphs:
         self.query_lens = buf(max_batch, fill=1)
         self.cu_query_lens = torch.arange(max_batch + 1, dtype=torch.long, device=device)
         # With LoRA, each bucket has a second graph that runs the adapter kernels, reading
-        # the step's token grouping from these buffers (`lora.batch.LoraBatch`).
+        # the step's tiles of tokens per adapter from these buffers (`lora.graph_inputs`).
         self.lora_variants = (False, True) if lora_slots else (False,)
-        self.lora_idx = torch.zeros(max_batch, dtype=torch.int32, device=device)
-        self.lora_starts = torch.zeros(lora_slots + 1, dtype=torch.int32, device=device)
-        layers, width = lora_workspace or (0, 0)
-        self.lora_workspace = torch.zeros(
-            layers, max_batch, width, dtype=torch.float32, device=device
+        self.lora_inputs = (
+            LoraGraphInputs(max_batch, lora_slots, lora_workspace or (0, 0), device)
+            if lora_slots
+            else None
         )
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, bool], torch.Tensor] = {}
 
     def _context(self, bs: int, with_lora: bool) -> StepContext:
-        lora = None
-        if with_lora:
-            lora = LoraBatch(self.lora_idx, self.lora_starts, num_tokens=bs)
-            if self.lora_workspace.numel():
-                lora.workspace = self.lora_workspace[:, :bs]
+        lora = self.lora_inputs.batch(bs) if with_lora and self.lora_inputs else None
         return StepContext(
             positions=self.positions[:bs],
             slot_mapping=self.slot_mapping[:bs],
@@ -134,9 +129,8 @@ class DecodeGraphs:
         width = ctx.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(ctx.block_tables)
         lora = ctx.lora
-        if lora is not None:
-            self.lora_idx[: lora.sorted_idx.shape[0]].copy_(lora.sorted_idx)
-            self.lora_starts.copy_(lora.starts)
+        if lora is not None and self.lora_inputs is not None:
+            self.lora_inputs.load(lora, bs)
         key = (bs, lora is not None)
         self.graphs[key].replay()
         return self.logits[key][:n]
