@@ -99,18 +99,16 @@ def timed(fn, n: int) -> float:
 
 
 # Streaming kernels: mxfp4 (BLOCK_N, groups of 32 per step, warps); bf16 (BLOCK_N, BLOCK_K,
-# warps). Grouped GEMMs: (tile M, N, K, warps, stages); word-wise tiles need K >= 128.
+# warps). Grouped GEMMs: (MXFP4 mode, (tile M, N, K, warps, stages)); "words" tiles need
+# K >= 128 (fused_moe.WORD_CONFIGS), the others K dividing 2,880 (fused_moe.CONFIGS).
 GEMV_SWEEP = {
-    "mxfp4": [(4, 16, 4), (8, 16, 4), (2, 32, 4), (4, 32, 4), (8, 8, 4), (4, 16, 8)],
-    "bf16": [(8, 256, 4), (4, 256, 4), (8, 128, 4)],
+    "mxfp4": [(4, 16, 4), (2, 16, 4), (8, 16, 4), (4, 8, 4)],
+    "bf16": [(8, 256, 4), (4, 256, 4)],
 }
-GEMM_SWEEP = {  # tokens -> (words?, tile); bytes tiles are the committed ones of each size
-    64: [(True, (16, 128, 128, 4, 3)), (True, (16, 64, 128, 4, 3)), (True, (16, 128, 256, 4, 3)),
-         (False, (16, 128, 64, 4, 3))],
-    256: [(True, (32, 128, 128, 4, 3)), (True, (16, 128, 128, 4, 3)),
-          (True, (64, 128, 128, 8, 3)), (False, (16, 128, 64, 4, 3))],
-    2048: [(True, (64, 128, 128, 8, 3)), (True, (128, 128, 128, 8, 3)),
-           (False, (64, 128, 64, 8, 3))],
+GEMM_SWEEP = {
+    64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3))],
+    256: [("words", (32, 128, 128, 4, 3)), ("words", (32, 64, 128, 4, 3)),
+          ("scaled", (32, 128, 64, 4, 3)), ("scaled", (64, 128, 64, 4, 3))],
 }  # fmt: skip
 
 
@@ -150,19 +148,19 @@ def _sweep(apply, configs, fn, n: int, check=None) -> tuple[dict, tuple]:
 @torch.inference_mode()
 def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     """The fused MoE of one layer alone (router included; CUDA graphs): sweeps of the
-    streaming kernels' tiles at batch 1, of the grouped GEMMs' (word- and byte-wise) at 64,
-    256 and 2,048 tokens, the crossovers streaming/GEMM and packed/expanded, then times by
-    batch. Every config is checked against the reference first; the best of each stays
+    streaming kernels' tiles and the router's logits (in-kernel or cuBLAS) at batch 1, of the
+    grouped GEMMs' MXFP4 modes and tiles at 64 and 256 tokens, the crossovers streaming/GEMM
+    and packed/expanded, then times by batch. Every config is checked against the reference first; the best of each stays
     installed for the engine runs that follow."""
     from stator.engines.native.kernels import fused_moe as fm
-    from stator.engines.native.kernels import moe_dequant, moe_gemv
+    from stator.engines.native.kernels import moe_dequant, moe_gemv, moe_route
     from tests.engines.native.test_gpu_gpt_oss import _moe
 
     moe = _moe(packed, experts=experts)
     mode = "mxfp4" if packed else "bf16"
     per_expert = 3 * 2880 * 2880 * (17 / 32 if packed else 2)  # w13 + w2 bytes
     res: dict = {"sweep_us": {}, "best": {}, "by_batch_us": {}, "crossover_us": {}}
-    xs = {t: torch.randn(t, 2880, device="cuda", dtype=torch.bfloat16) for t in (1, 64, 256, 2048)}
+    xs = {t: torch.randn(t, 2880, device="cuda", dtype=torch.bfloat16) for t in (1, 64, 256)}
 
     def checker(x):
         weights, ids = moe.route(x)
@@ -180,16 +178,33 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     times, best = _sweep(gemv_cfg, GEMV_SWEEP[mode], lambda: moe(xs[1]), 50, checker(xs[1]))
     res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
     res["b1_bandwidth_frac"] = round(4 * per_expert / best[0] / bandwidth, 3)
+    res["route_b1_us"] = {}
+    for most, tile in ((64, 16384), (64, 32768), (0, 16384)):  # logits in-kernel or cuBLAS
+        moe_route.LINEAR_MAX_TOKENS, moe_route.TILE = most, tile
+        t = graph_timed(lambda: moe(xs[1]), 50)
+        res["route_b1_us"][f"{most}_{tile}"] = round(t * 1e6, 1)
+    win = min(res["route_b1_us"], key=res["route_b1_us"].get)
+    moe_route.LINEAR_MAX_TOKENS, moe_route.TILE = (int(v) for v in win.split("_"))
+    res["route_check"] = {}  # the router kernel against torch.topk + softmax
+    for tokens in (1, 64, 300):
+        x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+        ref_w, ref_ids = moe.route(x)
+        w, ids, _ = moe_route.route(x, moe.router.weight, moe.router.bias, 4)
+        same = (ids == ref_ids).all(1)
+        res["route_check"][tokens] = {
+            "same_ids": round(float(same.float().mean()), 4),
+            "max_weight_diff": round(float((w[same] - ref_w[same]).abs().max()), 5),
+        }
     saved_min_pairs, moe_dequant.MIN_PAIRS = moe_dequant.MIN_PAIRS, 0
+    best_mode: dict = {}
     for tokens, configs in GEMM_SWEEP.items():
         pairs = tokens * 4
         if not packed:
-            configs = [(False, c) for w, c in configs if not w]
+            configs = [("bytes", c) for m, c in configs if m == "scaled"]
 
         def gemm_cfg(cfg, pairs=pairs):
-            words, tile = cfg
-            fm.WORDS = words
-            table = fm.WORD_CONFIGS if words else fm.CONFIGS
+            fm.MXFP4_GEMM, tile = cfg
+            table = fm.WORD_CONFIGS if fm.MXFP4_GEMM == "words" else fm.CONFIGS
             slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
             table[slot] = (table[slot][0], tile)
 
@@ -197,9 +212,17 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
             gemm_cfg, configs, lambda t=tokens: moe(xs[t]), 10, checker(xs[tokens])
         )
         res["sweep_us"][tokens], res["best"][tokens] = times, best[1]
-    # The word-wise GEMM stays if it won at 256 tokens (the decode batch that matters most).
-    fm.WORDS = bool(packed and res["best"][256][0])
-    for tokens in (2, 4, 8, 16):  # streaming kernels against grouped GEMMs
+        for cfg in configs:  # each mode's best tile of this size stays in its table
+            mode_times = {str(c): times[str(c)] for c in configs if c[0] == cfg[0]}
+            ok = {k: v for k, v in mode_times.items() if not isinstance(v, str)}
+            if ok:
+                win = next(c for c in configs if str(c) == min(ok, key=ok.get))
+                gemm_cfg(win)
+                best_mode.setdefault(tokens, {})[cfg[0]] = ok[str(win)]
+    # The mode that won at 256 tokens (the decode batch that matters most) stays.
+    if packed:
+        fm.MXFP4_GEMM = min(best_mode[256], key=best_mode[256].get)
+    for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         row = {}
         for name, most in (("gemv", 1 << 30), ("gemm", 0)):
@@ -208,7 +231,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
             fm.GEMV_MAX_PAIRS = saved
         res["crossover_us"][f"{tokens}_gemv_vs_gemm"] = row
     if packed:
-        for tokens in (256, 512, 1024, 2048, 4096):  # packed GEMMs against expanded experts
+        for tokens in (512, 1024, 2048):  # packed GEMMs against expanded experts
             x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
             row = {}
             for name, min_pairs in (("packed", 0), ("expanded", 1)):
@@ -216,10 +239,11 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
                 row[name] = round(graph_timed(lambda x=x: moe(x), 5) * 1e6, 1)
             res["crossover_us"][f"{tokens}_packed_vs_expanded"] = row
     moe_dequant.MIN_PAIRS = saved_min_pairs
-    for tokens in (1, 2, 8, 16, 64, 256, 2048):
+    for tokens in (1, 2, 4, 8, 16, 64, 256):
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         res["by_batch_us"][tokens] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
-    res["installed"] = {"gemv": moe_gemv.CONFIG[mode], "words": fm.WORDS,
+    res["installed"] = {"gemv": moe_gemv.CONFIG[mode], "mxfp4_gemm": fm.MXFP4_GEMM,
+                        "route": (moe_route.LINEAR_MAX_TOKENS, moe_route.TILE),
                         "word_configs": fm.WORD_CONFIGS, "configs": fm.CONFIGS,
                         "gemv_max_pairs": fm.GEMV_MAX_PAIRS, "min_pairs": moe_dequant.MIN_PAIRS}  # fmt: skip
     return res

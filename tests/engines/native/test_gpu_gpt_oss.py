@@ -59,15 +59,15 @@ def test_fused_moe_matches_the_reference(packed, tokens):
     assert err < 2e-2, err
 
 
-@pytest.mark.parametrize("words", [True, False])
+@pytest.mark.parametrize("mode", ["words", "bytes", "scaled"])
 @pytest.mark.parametrize("tokens", [40, 300, 1500])
-def test_packed_grouped_gemms_match_the_reference(monkeypatch, words, tokens):
-    """The MXFP4 grouped GEMMs read word- and byte-wise (expansion off)."""
+def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
+    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled (expansion off)."""
     from stator.engines.native.kernels import fused_moe as fm
     from stator.engines.native.kernels import moe_dequant
 
     monkeypatch.setattr(moe_dequant, "MIN_PAIRS", 0)
-    monkeypatch.setattr(fm, "WORDS", words)
+    monkeypatch.setattr(fm, "MXFP4_GEMM", mode)
     moe = _moe(True)
     x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
     weights, ids = moe.route(x)

@@ -74,9 +74,9 @@ with torch.no_grad():
         xs = torch.randn(40, 96)  # grouped GEMMs: pairs above GEMV_MAX_PAIRS
         ws, is_ = moe.route(xs)
         ref = moe._reference(xs, ws, is_)
-        for words in ((True, False) if packed else (False,)):
-            fm.WORDS = words
-            close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", words) + what)
+        for mode in ("words", "bytes"):  # (tl.dot_scaled: no interpreter support)
+            fm.MXFP4_GEMM = mode
+            close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
         if packed:
             out = torch.empty(moe.local, 128, 96)
             moe_dequant.expand(moe.w13_blocks, moe.w13_scales, out)

@@ -59,7 +59,7 @@ def _words_dot(
 @triton.jit
 def _tile_dot(
     acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, stride_n, s_stride_n,
-    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """acc [M, N] += A[a_rows, k0:k0 + BLOCK_K] @ W[n_idx, k0:k0 + BLOCK_K]^T, W one
     expert's [N, K] (w_ptr, s_ptr already at the expert). The weight tile is loaded as
@@ -67,9 +67,17 @@ def _tile_dot(
     (odd k) are two half-K dots against A's even and odd columns, so nothing is
     interleaved; each byte's scale is gathered (16 bytes share one, from cache)."""
     dtype = a_ptr.dtype.element_ty
-    if PACKED and WORDS:
+    if PACKED and MX == 1:
         acc = _words_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
                          s_stride_n, BLOCK_K, PRECISION)  # fmt: skip
+    elif PACKED and MX == 2:  # Triton's own MXFP4 dot (emulated on Hopper: upcast to bf16)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        raw = tl.load(w_ptr + n_idx[None, :] * stride_n + kb[:, None], mask=n_ok[None, :], other=0)
+        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sc = tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :], mask=n_ok[:, None], other=0)
+        acc = tl.dot_scaled(a, None, "bf16", raw, sc, "e2m1", acc)
     elif PACKED:
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         a_even = tl.load(a_ptr + a_rows[:, None] + 2 * kb[None, :], mask=row_ok[:, None], other=0.0)
@@ -108,7 +116,7 @@ def _moe_up_kernel(
     num_pairs, inter, hidden, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
     alpha, limit,
     TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, WORDS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -126,9 +134,9 @@ def _moe_up_kernel(
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden, stride_n,
-                          s_stride_n, BLOCK_K, PACKED, WORDS, PRECISION)  # fmt: skip
+                          s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
         acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, hidden,
-                          stride_n, s_stride_n, BLOCK_K, PACKED, WORDS, PRECISION)  # fmt: skip
+                          stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
     bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
     bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
     # Rounded to the model dtype as an unfused matmul's output would be.
@@ -138,7 +146,7 @@ def _moe_up_kernel(
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
     # q-major for the down kernel's _words_dot
-    to = (n % 8) * (inter // 8) + n // 8 if PACKED and WORDS else n
+    to = (n % 8) * (inter // 8) + n // 8 if PACKED and MX == 1 else n
     tl.store(
         out_ptr + pairs[:, None].to(tl.int64) * inter + to[None, :],
         h.to(dtype),
@@ -151,7 +159,7 @@ def _moe_down_kernel(
     h_ptr, w_ptr, s_ptr, b_ptr, route_w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
     LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PACKED: tl.constexpr, WORDS: tl.constexpr, PRECISION: tl.constexpr,
+    PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -168,7 +176,7 @@ def _moe_down_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, inter, BLOCK_K):
         acc = _tile_dot(acc, h_ptr, rows * inter, row_ok, w, sp, n, n_ok, k0, inter, stride_n,
-                        s_stride_n, BLOCK_K, PACKED, WORDS, PRECISION)  # fmt: skip
+                        s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
     bias = tl.load(b_ptr + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)
     y = (acc + bias[None, :]).to(dtype).to(tl.float32)
     route = tl.load(route_w_ptr + rows, mask=row_ok, other=0.0)
@@ -221,20 +229,26 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 ]
 
 
-# MXFP4 grouped GEMMs read the weights as 32-bit words (`_words_dot`, A in q-major order);
-# False: byte by byte (`_tile_dot`'s packed branch, A in natural order).
-WORDS = True
+# How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
+# q-major order); "bytes" byte by byte; "scaled" is Triton's `tl.dot_scaled` (bf16 models).
+MXFP4_GEMM = "words"
+_MX = {"bytes": 0, "words": 1, "scaled": 2}
 # The same table for `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16).
+# H100, 20B, one layer as a CUDA graph, 2026-11-27 (benchmarks/gpt_oss_gpu.py): 64 tokens
+# 412 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605 byte-wise; 256
+# tokens 796 us with (32, 128, 128, 4, 3) vs 856-1,675 and 1,086 byte-wise; 2,048 tokens
+# 4,745 us with (128, 128, 128, 8, 3) vs 7,191 and 11,862 byte-wise.
 WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 128, 128, 4, 3)),
+    (256, (16, 64, 128, 4, 3)),
     (1024, (32, 128, 128, 4, 3)),
-    (1 << 62, (64, 128, 128, 8, 3)),
+    (1 << 62, (128, 128, 128, 8, 3)),
 ]
 
 
-# Up to this many (token, expert) pairs the per-pair streaming kernels (moe_gemv.py) win:
-# a tensor-core tile of 16 rows would hold about one pair per expert.
-GEMV_MAX_PAIRS = 32
+# Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) win: a
+# tensor-core tile of 16 rows would hold about one pair per expert. Same run: 2 tokens
+# 132 us streaming vs 216 grouped, 4 tokens 222 vs 259, 8 tokens 366 vs 279.
+GEMV_MAX_PAIRS = 16
 
 
 def _config(pairs: int, hidden: int, inter: int, words: bool) -> tuple[int, int, int, int, int]:
@@ -280,14 +294,17 @@ def fused_moe(
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
-    words = moe.packed and WORDS
+    mode = MXFP4_GEMM if moe.packed else "bytes"
+    if mode == "scaled" and x.dtype != torch.bfloat16:
+        mode = "words"
+    words = mode == "words"
     block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, words)
     sorted_ids, block_expert = moe_align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
     if words:
         from stator.engines.native.kernels.moe_gemv import permute
 
-        x = permute(x, x.dtype)
+        x = permute(x)
     if moe.packed:
         w13, s13, w2, s2 = moe.w13_blocks, moe.w13_scales, moe.w2_blocks, moe.w2_scales
         if words:
@@ -307,7 +324,7 @@ def fused_moe(
         x, w13, s13, moe.b13, act, sorted_ids, block_expert,
         pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
         TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, WORDS=words, PRECISION=precision, num_warps=warps,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps,
         num_stages=stages,
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
@@ -316,6 +333,6 @@ def fused_moe(
         act, w2, s2, moe.b2, weights.reshape(-1), out, sorted_ids, block_expert,
         pairs, hidden, inter, *strides2,
         LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, WORDS=words, PRECISION=precision, num_warps=warps, num_stages=stages,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out.view(tokens, top_k, hidden).sum(1)

@@ -5,8 +5,9 @@ sum the chunks. The expansion reads 0.53 bytes and writes 2 per weight; at 2,048
 and more the in-register dequantization of the packed GEMM costs more than that (H100:
 7.75 ms a 20B layer at 2,048 tokens packed; the bf16 engine's whole 2k prefill took 52 ms).
 
-On from 4,096 pairs (1,024 tokens of top-4; H100, 20B, merged main 2026-11-27: a 2,048-token
-prompt's TTFT 74.6 ms expanded against 294.4 ms packed). The scratch is allocated in the
+On from 3,072 pairs (768 tokens of top-4). H100, 20B, one layer as a CUDA graph against
+the word-wise packed GEMMs (benchmarks/gpt_oss_gpu.py, 2026-11-27): 512 tokens 2,012 us
+expanded vs 1,754 packed, 1,024 tokens 2,214 vs 2,687, 2,048 tokens 2,854 vs 4,800. The scratch is allocated in the
 engine's warm-up step (a full `max_num_batched_tokens` prefill), so the KV cache is sized
 without it.
 """
@@ -23,7 +24,7 @@ import triton.language as tl
 # (the scratch holds CHUNK * 3 * H * I values in the model dtype: 0.8 GB at 16 for GPT-OSS).
 # Expanding costs about the same at any batch (20B: ~0.42 GB read and 1.6 GB written a
 # layer), the packed GEMM's dequantization grows with it.
-MIN_PAIRS = 4096
+MIN_PAIRS = 3072
 CHUNK = 16
 
 

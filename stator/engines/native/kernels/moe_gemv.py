@@ -33,11 +33,11 @@ import triton.language as tl
 CONFIG = {"bf16": (8, 256, 4), "mxfp4": (4, 16, 4)}
 
 
-def permute(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """[T, K] -> [T, K] of `dtype` in the MXFP4 kernels' q-major order: value k at
+def permute(x: torch.Tensor) -> torch.Tensor:
+    """[T, K] -> [T, K] in the MXFP4 kernels' q-major order: value k at
     (k % 8) * K / 8 + k // 8."""
     tokens, k = x.shape
-    out = torch.empty(tokens, 8, k // 8, dtype=dtype, device=x.device)
+    out = torch.empty(tokens, 8, k // 8, dtype=x.dtype, device=x.device)
     out.copy_(x.reshape(tokens, k // 8, 8).transpose(1, 2))
     return out.view(tokens, k)
 
@@ -57,35 +57,47 @@ def e2m1_pair(w, q: tl.constexpr):
 
 @triton.jit
 def _packed_dots(xp_ptr, x_off, w_ptr, s_ptr, e_off, s_e_off, rows, ok,
-                 K: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, KP: tl.constexpr):  # fmt: skip
+                 K: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, KP: tl.constexpr,
+                 SHARED_X: tl.constexpr):  # fmt: skip
     """[KP, BLOCK_N] float32: for each of a token's experts (axis 0; word offset e_off and
     scale offset s_e_off of its weight), its rows `rows` (MXFP4 words, K / 8 a row) dotted
-    with permuted activations at xp_ptr + x_off."""
+    with q-major activations at xp_ptr + x_off ([KP] offsets, or one for all with SHARED_X).
+    The next step's words and scales are loaded before this step's are used, so two steps'
+    loads are in flight."""
     acc = tl.zeros([KP, BLOCK_N, G], tl.float32)
     gi = tl.arange(0, G)
-    j = tl.arange(0, 4)
+    wj = gi[:, None] * 4 + tl.arange(0, 4)[None, :]  # [G, 4] word of each (group, j)
     w_rows = w_ptr + e_off[:, None, None, None] + rows[None, :, None, None] * (K // 8)
     s_rows = s_ptr + s_e_off[:, None, None] + rows[None, :, None] * (K // 32)
-    x_rows = xp_ptr + x_off[:, None, None]
+    okw = ok[:, :, None] & (gi < K // 32)[None, None, :]
+    words = tl.load(w_rows + wj[None, None, :, :], mask=okw[:, :, :, None], other=0)
+    sc = tl.load(s_rows + gi[None, None, :], mask=okw, other=0)
     for g0 in range(0, K // 32, G):
         gs = g0 + gi
         g_ok = gs < K // 32
-        m3 = ok[:, :, None] & g_ok[None, None, :]
-        words = tl.load(w_rows + (gs[:, None] * 4 + j[None, :])[None, None, :, :],
-                        mask=m3[:, :, :, None], other=0)  # fmt: skip
         w = words.to(tl.uint32, bitcast=True)
-        x_at = x_rows + (gs[:, None] * 4 + j[None, :])[None, :, :]  # [KP, G, 4]
-        x_ok = g_ok[None, :, None]
+        # 2^(sc - 127 + 14) as a float's bits: exponent field sc + 14, always normal
+        # (sc = 255 is NaN in the format; capped instead of overflowing).
+        scale = ((tl.minimum(sc.to(tl.int32), 240) + 14) << 23).to(tl.float32, bitcast=True)
+        okn = ok[:, :, None] & (gs + G < K // 32)[None, None, :]
+        words = tl.load(w_rows + (g0 + G) * 4 + wj[None, None, :, :], mask=okn[:, :, :, None],
+                        other=0)  # fmt: skip
+        sc = tl.load(s_rows + (gs + G)[None, None, :], mask=okn, other=0)
         part = tl.zeros([KP, BLOCK_N, G, 4], tl.float32)
         for q in tl.static_range(4):
             lo, hi = e2m1_pair(w, q)
-            x_lo = tl.load(x_at + q * (K // 8), mask=x_ok, other=0.0)
-            x_hi = tl.load(x_at + (q + 4) * (K // 8), mask=x_ok, other=0.0)
-            part += lo * x_lo[:, None, :, :] + hi * x_hi[:, None, :, :]
-        sc = tl.load(s_rows + gs[None, None, :], mask=m3, other=0).to(tl.int32)
-        # 2^(sc - 127 + 14) as a float's bits: exponent field sc + 14, always normal
-        # (sc = 255 is NaN in the format; capped instead of overflowing).
-        scale = ((tl.minimum(sc, 240) + 14) << 23).to(tl.float32, bitcast=True)
+            if SHARED_X:
+                x_at = xp_ptr + x_off + g0 * 4 + wj
+                x_ok = g_ok[:, None]
+                x_lo = tl.load(x_at + q * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                x_hi = tl.load(x_at + (q + 4) * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                part += lo * x_lo[None, None, :, :] + hi * x_hi[None, None, :, :]
+            else:
+                x_at = xp_ptr + x_off[:, None, None] + g0 * 4 + wj[None, :, :]
+                x_ok = g_ok[None, :, None]
+                x_lo = tl.load(x_at + q * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                x_hi = tl.load(x_at + (q + 4) * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                part += lo * x_lo[:, None, :, :] + hi * x_hi[:, None, :, :]
         acc += tl.sum(part, axis=3) * scale
     return tl.sum(acc, axis=2)
 
@@ -129,18 +141,20 @@ def _up_kernel(
     n_ok = n < INTER
     slot, e_ok, e = _slots(ids_ptr, t, first, TOP_K, KP, LOCAL)
     ok = e_ok[:, None] & n_ok[None, :]
-    x_off = tl.zeros([KP], tl.int64) + t * HIDDEN
     if PACKED:
-        gate = _packed_dots(x_ptr, x_off, w_ptr, s_ptr, e * stride_e, e * s_stride_e, n, ok,
-                            HIDDEN, BLOCK_N, BLOCK_K, KP)  # fmt: skip
-        up = _packed_dots(x_ptr, x_off, w_ptr, s_ptr, e * stride_e, e * s_stride_e, n + INTER,
-                          ok, HIDDEN, BLOCK_N, BLOCK_K, KP)  # fmt: skip
-        dtype = b_ptr.dtype.element_ty
+        # Gate and up rows interleaved in one tile (twice the loads in flight), split after.
+        r = tl.arange(0, 2 * BLOCK_N)
+        rows2 = tl.program_id(1) * BLOCK_N + r // 2 + (r % 2) * INTER
+        ok2 = e_ok[:, None] & ((tl.program_id(1) * BLOCK_N + r // 2) < INTER)[None, :]
+        both = _packed_dots(x_ptr, t * HIDDEN, w_ptr, s_ptr, e * stride_e, e * s_stride_e,
+                            rows2, ok2, HIDDEN, 2 * BLOCK_N, BLOCK_K, KP, True)  # fmt: skip
+        gate, up = tl.split(tl.reshape(both, (KP, BLOCK_N, 2)))
     else:
+        x_off = tl.zeros([KP], tl.int64) + t * HIDDEN
         gate = _plain_dots(x_ptr, x_off, w_ptr, e * stride_e, n, ok, HIDDEN, BLOCK_N, BLOCK_K, KP)
         up = _plain_dots(x_ptr, x_off, w_ptr, e * stride_e, n + INTER, ok, HIDDEN, BLOCK_N,
                          BLOCK_K, KP)  # fmt: skip
-        dtype = out_ptr.dtype.element_ty
+    dtype = out_ptr.dtype.element_ty
     b = b_ptr + e[:, None] * 2 * INTER + n[None, :]
     gate = gate + tl.load(b, mask=ok, other=0.0).to(tl.float32)
     up = up + tl.load(b + INTER, mask=ok, other=0.0).to(tl.float32)
@@ -149,11 +163,9 @@ def _up_kernel(
     h = (gate * tl.sigmoid(gate * alpha) * (up + 1.0)).to(dtype)
     row = (t * TOP_K + slot)[:, None] * INTER
     store_ok = (slot < TOP_K)[:, None] & n_ok[None, :]
-    if PACKED:  # float32, in the order the down kernel's _packed_dots reads
-        to = (n % 8) * (INTER // 8) + n // 8
-        tl.store(out_ptr + row + to[None, :], h.to(tl.float32), mask=store_ok)
-    else:
-        tl.store(out_ptr + row + n[None, :], h, mask=store_ok)
+    # Packed: in the q-major order the down kernel's _packed_dots reads.
+    to = (n % 8) * (INTER // 8) + n // 8 if PACKED else n
+    tl.store(out_ptr + row + to[None, :], h, mask=store_ok)
 
 
 @triton.jit
@@ -170,7 +182,7 @@ def _down_kernel(
     h_off = (t * TOP_K + slot) * INTER
     if PACKED:
         y = _packed_dots(h_ptr, h_off, w_ptr, s_ptr, e * stride_e, e * s_stride_e, n, ok,
-                         INTER, BLOCK_N, BLOCK_K, KP)  # fmt: skip
+                         INTER, BLOCK_N, BLOCK_K, KP, False)  # fmt: skip
     else:
         y = _plain_dots(h_ptr, h_off, w_ptr, e * stride_e, n, ok, INTER, BLOCK_N, BLOCK_K, KP)
     dtype = out_ptr.dtype.element_ty
@@ -199,14 +211,13 @@ def moe_gemv(
         st13 = (w13.stride(0), s13.stride(0))
         st2 = (w2.stride(0), s2.stride(0))
         a = permute(x) if x_perm is None else x_perm
-        act = torch.empty(tokens * top_k, inter, dtype=torch.float32, device=x.device)
     else:
         w13, w2 = moe.w13, moe.w2
         s13, s2 = w13, w2  # unused
         st13 = (w13.stride(0), 0)
         st2 = (w2.stride(0), 0)
         a = x.contiguous()
-        act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     for w in (w13, w2, s13, s2):
         assert w.is_contiguous()
     flat_ids = ids.reshape(-1).contiguous()

@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 
 LINEAR_MAX_TOKENS = 64
+# Router weight elements per step of the in-kernel logits ([E, TILE / E] tiles, 8 warps).
+TILE = 16384
 
 
 @triton.jit
@@ -32,18 +34,21 @@ def _route_kernel(
     if LINEAR:
         dtype = x_ptr.dtype.element_ty
         acc = tl.zeros([E_PAD], tl.float32)
+        # One program streams all of W (from L2): the next tile's loads are issued before
+        # this one is reduced, so two are in flight (one at a time took ~30 us a layer).
+        hs = tl.arange(0, BLOCK_H)
+        w_at = w_ptr + es[:, None] * hidden + hs[None, :]
+        w_next = tl.load(w_at, mask=e_ok[:, None] & (hs < hidden)[None, :], other=0.0)
         for h0 in range(0, hidden, BLOCK_H):
             hs = h0 + tl.arange(0, BLOCK_H)
             h_ok = hs < hidden
+            w = w_next
+            n_ok = (hs + BLOCK_H) < hidden
+            w_next = tl.load(w_at + h0 + BLOCK_H, mask=e_ok[:, None] & n_ok[None, :], other=0.0)
             xh = tl.load(x_ptr + t * stride_x + hs, mask=h_ok, other=0.0)
             if PERMUTE:  # moe_gemv.permute's order: value k at (k % 8) * H / 8 + k // 8
                 to = (hs % 8) * (hidden // 8) + hs // 8
-                tl.store(perm_ptr + t * hidden + to, xh.to(tl.float32), mask=h_ok)
-            w = tl.load(
-                w_ptr + es[:, None] * hidden + hs[None, :],
-                mask=e_ok[:, None] & h_ok[None, :],
-                other=0.0,
-            )
+                tl.store(perm_ptr + t * hidden + to, xh.to(perm_ptr.dtype.element_ty), mask=h_ok)
             acc += tl.sum(w.to(tl.float32) * xh.to(tl.float32)[None, :], axis=1)
         bias = tl.load(b_ptr + es, mask=e_ok, other=0.0).to(tl.float32)
         logits = (acc + bias).to(dtype).to(tl.float32)
@@ -71,7 +76,7 @@ def route(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, permute: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(routing weights [T, k] float32, expert ids [T, k] int64, and with `permute` the
-    activations in the MXFP4 streaming kernels' order [T, H] float32, else None)."""
+    activations in the MXFP4 streaming kernels' order (`moe_gemv.permute`), else None)."""
     tokens, hidden = x.shape
     experts = weight.shape[0]
     x = x.contiguous()
@@ -79,7 +84,7 @@ def route(
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=dev)
     ids = torch.empty(tokens, top_k, dtype=torch.long, device=dev)
     linear = tokens <= LINEAR_MAX_TOKENS
-    perm = torch.empty(tokens, hidden, dtype=torch.float32, device=dev) if permute else None
+    perm = torch.empty_like(x) if permute else None
     if permute and not linear:
         from stator.engines.native.kernels.moe_gemv import permute as permute_rows
 
@@ -90,7 +95,7 @@ def route(
         x, weight, bias, logits, weights, ids, perm if perm is not None else weights,
         hidden, experts, x.stride(0), logits.stride(0),
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), E_PAD=e_pad,
-        BLOCK_H=max(16, min(256, 8192 // e_pad)), LINEAR=linear, PERMUTE=permute and linear,
-        num_warps=4,
+        BLOCK_H=max(16, min(1024, TILE // e_pad)), LINEAR=linear, PERMUTE=permute and linear,
+        num_warps=8 if linear else 1,
     )  # fmt: skip
     return weights, ids, perm
