@@ -148,12 +148,12 @@ def _sweep(apply, configs, fn, n: int, check=None) -> tuple[dict, tuple]:
 @torch.inference_mode()
 def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     """The fused MoE of one layer alone (router included; CUDA graphs): sweeps of the
-    streaming kernels' tiles and the router's logits (in-kernel or cuBLAS) at batch 1, of the
-    grouped GEMMs' MXFP4 modes and tiles at 64 and 256 tokens, the crossovers streaming/GEMM
+    streaming kernels' tiles at batch 1, of the grouped GEMMs' MXFP4 modes and tiles at 64
+    and 256 tokens, the crossovers streaming/GEMM
     and packed/expanded, then times by batch. Every config is checked against the reference first; the best of each stays
     installed for the engine runs that follow."""
     from stator.engines.native.kernels import fused_moe as fm
-    from stator.engines.native.kernels import moe_dequant, moe_gemv, moe_route
+    from stator.engines.native.kernels import moe_dequant, moe_gemv
     from tests.engines.native.test_gpu_gpt_oss import _moe
 
     moe = _moe(packed, experts=experts)
@@ -178,23 +178,6 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     times, best = _sweep(gemv_cfg, GEMV_SWEEP[mode], lambda: moe(xs[1]), 50, checker(xs[1]))
     res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
     res["b1_bandwidth_frac"] = round(4 * per_expert / best[0] / bandwidth, 3)
-    res["route_b1_us"] = {}
-    for most, tile in ((64, 16384), (64, 32768), (0, 16384)):  # logits in-kernel or cuBLAS
-        moe_route.LINEAR_MAX_TOKENS, moe_route.TILE = most, tile
-        t = graph_timed(lambda: moe(xs[1]), 50)
-        res["route_b1_us"][f"{most}_{tile}"] = round(t * 1e6, 1)
-    win = min(res["route_b1_us"], key=res["route_b1_us"].get)
-    moe_route.LINEAR_MAX_TOKENS, moe_route.TILE = (int(v) for v in win.split("_"))
-    res["route_check"] = {}  # the router kernel against torch.topk + softmax
-    for tokens in (1, 64, 300):
-        x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
-        ref_w, ref_ids = moe.route(x)
-        w, ids, _ = moe_route.route(x, moe.router.weight, moe.router.bias, 4)
-        same = (ids == ref_ids).all(1)
-        res["route_check"][tokens] = {
-            "same_ids": round(float(same.float().mean()), 4),
-            "max_weight_diff": round(float((w[same] - ref_w[same]).abs().max()), 5),
-        }
     saved_min_pairs, moe_dequant.MIN_PAIRS = moe_dequant.MIN_PAIRS, 0
     best_mode: dict = {}
     for tokens, configs in GEMM_SWEEP.items():
@@ -219,9 +202,9 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
                 win = next(c for c in configs if str(c) == min(ok, key=ok.get))
                 gemm_cfg(win)
                 best_mode.setdefault(tokens, {})[cfg[0]] = ok[str(win)]
-    # The mode that won at 256 tokens (the decode batch that matters most) stays.
-    if packed:
-        fm.MXFP4_GEMM = min(best_mode[256], key=best_mode[256].get)
+    # Back to choosing the mode by size (fused_moe.mxfp4_mode), each mode's best tiles kept.
+    res["best_by_mode_us"] = best_mode
+    fm.MXFP4_GEMM = None
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         row = {}
@@ -243,7 +226,6 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         res["by_batch_us"][tokens] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
     res["installed"] = {"gemv": moe_gemv.CONFIG[mode], "mxfp4_gemm": fm.MXFP4_GEMM,
-                        "route": (moe_route.LINEAR_MAX_TOKENS, moe_route.TILE),
                         "word_configs": fm.WORD_CONFIGS, "configs": fm.CONFIGS,
                         "gemv_max_pairs": fm.GEMV_MAX_PAIRS, "min_pairs": moe_dequant.MIN_PAIRS}  # fmt: skip
     return res

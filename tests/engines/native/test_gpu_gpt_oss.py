@@ -77,23 +77,17 @@ def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
 
 
 @pytest.mark.parametrize("tokens", [1, 64, 300])
-def test_router_kernel_matches_torch_routing(tokens):
-    """kernels/moe_route.py (in-kernel logits up to 64 tokens, cuBLAS logits above) against
-    torch.topk + softmax; its permuted activations against moe_gemv.permute."""
-    from stator.engines.native.kernels.moe_gemv import permute
+def test_router_kernel_matches_torch_topk(tokens):
+    """kernels/moe_route.py against torch.topk + softmax: the same k logits (an exact tie
+    may name another expert) and the same weights."""
     from stator.engines.native.kernels.moe_route import route
 
     moe = _moe(True)
-    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
-    ref_w, ref_ids = moe.route(x)
-    w, ids, perm = route(x, moe.router.weight, moe.router.bias, 4, permute=True)
-    assert torch.equal(perm, permute(x))
-    # The logits' summation order differs from cuBLAS: a near tie may resolve otherwise.
-    same = (ids == ref_ids).all(1)
-    assert same.float().mean() >= 0.95
-    assert torch.allclose(w[same], ref_w[same], atol=1e-2)
-    y, y_ref = moe(x).float(), moe._reference(x, ref_w, ref_ids).float()
-    assert ((y[same] - y_ref[same]).norm() / y_ref[same].norm()) < 2e-2
+    logits = moe.router(torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16))
+    w, ids = route(logits, 4)
+    top, _ = torch.topk(logits, 4, dim=-1)
+    assert torch.equal(logits.gather(1, ids), top)
+    assert torch.allclose(w, torch.softmax(top.float(), dim=-1), atol=1e-6)
 
 
 def test_fused_moe_computes_only_this_ranks_experts():

@@ -230,25 +230,35 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 
 # How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
-# q-major order); "bytes" byte by byte; "scaled" is Triton's `tl.dot_scaled` (bf16 models).
-MXFP4_GEMM = "words"
+# q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
+# only: it upcasts to bf16 on Hopper). None: by size, words up to WORDS_MAX_PAIRS (token,
+# expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
+# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 436 us words vs 530 scaled; 256
+# tokens 758 vs 739; 512 / 1,024 / 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against
+# words 1,754 / 2,687 / 4,800 and byte-wise 11,862 at 2,048.
+MXFP4_GEMM: str | None = None
+WORDS_MAX_PAIRS = 1024
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
-# The same table for `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16).
-# H100, 20B, one layer as a CUDA graph, 2026-11-27 (benchmarks/gpt_oss_gpu.py): 64 tokens
-# 412 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605 byte-wise; 256
-# tokens 796 us with (32, 128, 128, 4, 3) vs 856-1,675 and 1,086 byte-wise; 2,048 tokens
-# 4,745 us with (128, 128, 128, 8, 3) vs 7,191 and 11,862 byte-wise.
+# The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
+# 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
+# byte-wise; 256 tokens 758 us with (32, 64, 128, 4, 3) vs 796-1,675 and 1,086 byte-wise.
 WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (256, (16, 64, 128, 4, 3)),
-    (1024, (32, 128, 128, 4, 3)),
+    (1024, (32, 64, 128, 4, 3)),
     (1 << 62, (128, 128, 128, 8, 3)),
 ]
 
 
-# Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) win: a
-# tensor-core tile of 16 rows would hold about one pair per expert. Same run: 2 tokens
-# 132 us streaming vs 216 grouped, 4 tokens 222 vs 259, 8 tokens 366 vs 279.
-GEMV_MAX_PAIRS = 16
+# Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
+# tensor-core tile of 16 rows would hold about one pair per expert. Same runs: 4 tokens
+# 153 us streaming vs 259 grouped, 8 tokens 281 vs 279.
+GEMV_MAX_PAIRS = 32
+
+
+def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
+    """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
+    mode = MXFP4_GEMM or ("words" if pairs <= WORDS_MAX_PAIRS else "scaled")
+    return "words" if mode == "scaled" and dtype != torch.bfloat16 else mode
 
 
 def _config(pairs: int, hidden: int, inter: int, words: bool) -> tuple[int, int, int, int, int]:
@@ -269,16 +279,10 @@ def uses_gemv(pairs: int) -> bool:
 
 
 def fused_moe(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-    moe,
-    allow_expand: bool = True,
-    x_perm: torch.Tensor | None = None,
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True
 ) -> torch.Tensor:
     """y [T, H] = sum over each token's k experts of weight * expert(x); `moe` is the
-    models.moe.MoE module holding this rank's experts. `x_perm`: x in the MXFP4 streaming
-    kernels' order (`moe_gemv.permute`), where the router kernel wrote it."""
+    models.moe.MoE module holding this rank's experts."""
     tokens, hidden = x.shape
     top_k, inter, local = ids.shape[1], moe.inter, moe.local
     pairs = tokens * top_k
@@ -290,13 +294,11 @@ def fused_moe(
     if uses_gemv(pairs):
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
-        return moe_gemv(x, weights, ids, moe, x_perm=x_perm)
+        return moe_gemv(x, weights, ids, moe)
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
-    mode = MXFP4_GEMM if moe.packed else "bytes"
-    if mode == "scaled" and x.dtype != torch.bfloat16:
-        mode = "words"
+    mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = mode == "words"
     block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, words)
     sorted_ids, block_expert = moe_align(local_ids, local, block_m)

@@ -16,9 +16,8 @@ each byte's nibbles separately took ~10 per byte. Each group of 32 values gets i
 (one byte, 2^(s - 127), built as a float's bits) once, after its 32 products are summed.
 Word w of a row holds values 8w..8w+7 and position q gives values 8w+q and 8w+q+4, so the
 activations are read "q-major": value k at (k % 8) * K/8 + k // 8, where for each q the
-words' values are contiguous. `permute` (or the router kernel, `moe_route.py`, as it reads
-them) writes them so, and the up kernel writes its output so for the down kernel; the
-grouped GEMMs (`fused_moe.py`) read the same order.
+words' values are contiguous. `permute` writes them so, and the up kernel writes its output
+so for the down kernel; the word-wise grouped GEMMs (`fused_moe.py`) read the same order.
 """
 
 from __future__ import annotations
@@ -28,9 +27,13 @@ import triton
 import triton.language as tl
 
 # bf16: (BLOCK_N rows, BLOCK_K values per step, warps); mxfp4: (BLOCK_N rows, groups of 32
-# values per step, warps). H100, 20B, one layer as a CUDA graph (benchmarks/gpt_oss_gpu.py):
-# the byte-wise predecessor of this kernel took 110 us a layer at batch 1 (~480 GB/s).
-CONFIG = {"bf16": (8, 256, 4), "mxfp4": (4, 16, 4)}
+# values per step, warps). H100, 20B, MXFP4, batch 1, one layer as a CUDA graph, router
+# included (benchmarks/gpt_oss_gpu.py, 2026-11-27): (2, 16, 4) 61.3 us; (4, 8, 4) 70.5,
+# (4, 16, 4) 71.1, (8, 16, 4) 72.9. The byte-wise predecessor of these kernels (one program
+# per pair, a scale gathered per byte, the k-sum apart) took 110 us. The kernels still run
+# at ~1 TB/s (up 31 us, down 19 us a layer): more rows per program is slower, so the next
+# step is more loads in flight per program, not more arithmetic savings. bf16: not swept.
+CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4)}
 
 
 def permute(x: torch.Tensor) -> torch.Tensor:
@@ -195,11 +198,8 @@ def _down_kernel(
     tl.store(out_ptr + t * HIDDEN + n, y.to(dtype), mask=n_ok)
 
 
-def moe_gemv(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, x_perm=None
-) -> torch.Tensor:
-    """The same as fused_moe.fused_moe, for a few tokens. `x_perm`: x already permuted
-    (`permute`; the router kernel writes it), for packed experts."""
+def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe) -> torch.Tensor:
+    """The same as fused_moe.fused_moe, for a few tokens."""
     tokens, hidden = x.shape
     top_k, inter = ids.shape[1], moe.inter
     kp = triton.next_power_of_2(top_k)
@@ -210,7 +210,7 @@ def moe_gemv(
         s13, s2 = moe.w13_scales, moe.w2_scales
         st13 = (w13.stride(0), s13.stride(0))
         st2 = (w2.stride(0), s2.stride(0))
-        a = permute(x) if x_perm is None else x_perm
+        a = permute(x)
     else:
         w13, w2 = moe.w13, moe.w2
         s13, s2 = w13, w2  # unused
