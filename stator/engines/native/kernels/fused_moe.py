@@ -9,8 +9,10 @@ Up kernel, grid (row block, I / BLOCK_N): gate and up tiles of the same columns 
 program, + biases, clamped SwiGLU, written per pair [T * k, I]. Down kernel, grid (row
 block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [T * k, H];
 the k pairs of a token are summed after (deterministic, no atomics).
-MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers
-(bit tricks in `_tile_dot`); for a few pairs (decode) `moe_gemv.py` streams the weights.
+MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers:
+read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by Triton's
+`tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode) `moe_gemv.py`
+streams the weights, and large prefills expand them first (`moe_dequant.py`).
 """
 
 from __future__ import annotations
