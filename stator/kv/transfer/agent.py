@@ -344,10 +344,17 @@ class KvTransferAgent:
                 return await self._exchange(address, link, message)
             except (OSError, asyncio.IncompleteReadError, ConnectionError):
                 pass  # the server restarted or dropped it: once more on a new connection
+        return await self._exchange(address, await self._connect(address), message)
+
+    async def _connect(self, address: str) -> _Link:
         host, _, port = address.rpartition(":")
         reader, writer = await asyncio.open_connection(host, int(port))
+        current = self._links.get(address)
+        if current is not None and not current.writer.is_closing():
+            writer.close()  # another pull connected meanwhile: share its connection
+            return current
         link = self._links[address] = _Link(reader, writer, asyncio.Lock())
-        return await self._exchange(address, link, message)
+        return link
 
     async def _exchange(self, address: str, link: _Link, message: dict[str, Any]) -> dict:
         async with link.lock:

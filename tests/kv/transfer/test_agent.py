@@ -80,3 +80,13 @@ async def test_close_cuts_connected_decode_agents(pair):
     await decode._request(prefill.describe(), {"op": "acquire", "pin": "p1", "blocks": [1]})
     await asyncio.wait_for(prefill.close(), 5)
     assert prefill._clients == set()
+
+
+async def test_concurrent_first_pulls_end_up_on_one_connection(pair):
+    prefill, decode, _ = pair
+    transfer = prefill.describe()
+    message = {"op": "acquire", "pin": "p1", "blocks": [1]}
+    answers = await asyncio.gather(*(decode._request(transfer, message) for _ in range(5)))
+    assert answers == [{"ok": True}] * 5
+    await asyncio.sleep(0.05)  # the extra connections' server sides see them close
+    assert len(decode._links) == 1 and len(prefill._clients) == 1
