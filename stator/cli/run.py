@@ -145,6 +145,7 @@ async def _serve(
     SIGTERM/SIGINT stop HTTP service gracefully (in-flight responses finish), then the
     workers; exit 0. A second signal cuts the grace short. A worker whose engine dies, or
     a frontend that cannot serve, exits 1."""
+    from stator.cli.worker import engine_config_for_role
     from stator.frontend.server import running_frontend
     from stator.runtime import Lifecycle, Runtime, RuntimeConfig
     from stator.worker.host import WorkerHost
@@ -161,7 +162,9 @@ async def _serve(
             config = dataclasses.replace(worker_config, role=role)
             if hasattr(engine_config, "role"):  # the mocker's own copy of the flag
                 engine_config = dataclasses.replace(engine_config, role=role)
-            engine = spec.factory(engine_config, str(model_dir), served)
+            engine = spec.factory(
+                engine_config_for_role(engine_config, role), str(model_dir), served
+            )
             host = WorkerHost(runtime, engine, config, model_dir=model_dir)
             hosts.append((host, runtime))
             await host.start()

@@ -21,6 +21,7 @@ import msgspec
 
 from stator.engines.base import Engine, EngineDead, EngineError
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.core_metrics import core_metrics
 from stator.engines.native.engine_admin import LoraAndSleep
 from stator.engines.native.engine_core import EngineCore
 from stator.engines.native.engine_disagg import DisaggServing
@@ -215,31 +216,9 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
         self._after_change()
 
     def metrics(self) -> dict[str, Any]:
-        core = self.core
-        if core is None:
+        if self.core is None:
             return {}
-        out: dict[str, Any] = {
-            "native_kv_blocks_used": core.blocks.num_used_blocks,
-            "native_kv_blocks_total": core.blocks.num_blocks,
-            "kv_exports_pinned": len(core.exports),
-            "kv_exports_released_total": core.exports.num_released,
-            "kv_exports_expired_total": core.exports.num_expired,
-            "kv_imports_in_flight": len(core.importing),
-            **self.transfers.gauges(),
-            "preemptions_total": core.scheduler.num_preemptions,
-        }
-        if core.specdec is not None:
-            stats = core.specdec.stats
-            out.update(
-                native_spec_verifications=stats.steps,
-                native_spec_draft_tokens=stats.drafted,
-                native_spec_accepted_tokens=stats.accepted,
-                native_spec_acceptance_rate=stats.acceptance_rate,
-                native_spec_mean_accepted_length=stats.mean_accepted_length,
-            )
-        if core.offload is not None:
-            out.update(core.offload.metrics())
-        return out
+        return {**core_metrics(self.core), **self.transfers.gauges()}
 
     # -- the loop ------------------------------------------------------------------------
 

@@ -10,12 +10,30 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from stator.engines.base import EngineError, Unsupported
+from stator.engines.native.config import NativeConfig
 from stator.engines.native.lora.adapter import load_adapter, pin_adapter
 from stator.engines.native.lora.resolve import resolve_adapter
 from stator.protocols import EngineOutput, LoraInfo
 
 log = logging.getLogger("stator.engines.native.engine")
 T = TypeVar("T")
+
+
+def check_sleep_allowed(config: NativeConfig) -> None:
+    if not config.enable_sleep_mode:
+        raise Unsupported("sleep mode is off: start the worker with --enable-sleep-mode")
+    if config.tensor_parallel_size > 1:
+        raise Unsupported("sleep mode does not work with tensor parallelism yet")
+    if config.cpu_offload_gb > 0 or config.disk_offload_dir:
+        # The offload tiers hold the KV pool that sleep frees and wake allocates anew.
+        raise Unsupported("sleep mode does not work with KV offload tiers yet")
+
+
+def check_lora_name(config: NativeConfig, name: str, served_name: str) -> None:
+    if not config.enable_lora:
+        raise Unsupported("LoRA is off: start the worker with --enable-lora")
+    if name == served_name:
+        raise EngineError(f"a LoRA adapter cannot take the base model's name {name!r}")
 
 
 class LoraAndSleep:
@@ -29,10 +47,7 @@ class LoraAndSleep:
         self, name: str, source: str, *, allowed_dirs: list[str] | None
     ) -> LoraInfo:
         core = self._core()
-        if not self.config.enable_lora:
-            raise Unsupported("LoRA is off: start the worker with --enable-lora")
-        if name == self.served_name:
-            raise EngineError(f"a LoRA adapter cannot take the base model's name {name!r}")
+        check_lora_name(self.config, name, self.served_name)
         lock = self._lora_locks.setdefault(name, asyncio.Lock())
         async with lock:
             loop = asyncio.get_running_loop()
@@ -79,13 +94,7 @@ class LoraAndSleep:
     # -- sleep mode ------------------------------------------------------------------------
 
     def _check_sleep(self) -> None:
-        if not self.config.enable_sleep_mode:
-            raise Unsupported("sleep mode is off: start the worker with --enable-sleep-mode")
-        if self.config.tensor_parallel_size > 1:
-            raise Unsupported("sleep mode does not work with tensor parallelism yet")
-        if self.config.cpu_offload_gb > 0 or self.config.disk_offload_dir:
-            # The offload tiers hold the KV pool that sleep frees and wake allocates anew.
-            raise Unsupported("sleep mode does not work with KV offload tiers yet")
+        check_sleep_allowed(self.config)
 
     async def sleep(self, level: int = 1) -> None:
         """Level 1: weights to host memory, KV cache dropped; level 2: both dropped.
