@@ -225,3 +225,23 @@ def test_a_dead_engine_core_fails_its_streams_and_the_run_exits_1(fleet):
     assert chunks >= 2
     assert proc.wait(60) == 1
     assert "engine core" in proc.output()
+
+
+def test_api_server_count_serves_from_several_processes_and_stops_cleanly(fleet):
+    proc, url = start_run(
+        fleet, "--engine", "mocker", "--speedup-ratio", "10", "--api-server-count", "2"
+    )
+    assert "2 API server processes" in proc.output()
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    for i in range(4):  # new connections: the kernel spreads them over both processes
+        out = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
+            model="tiny-chat",
+            messages=[{"role": "user", "content": f"hello {i}"}],
+            max_tokens=5,
+            extra_body={"ignore_eos": True},
+        )
+        assert out.usage.completion_tokens == 5
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    proc.signal(15)
+    assert proc.wait(60) == 0
