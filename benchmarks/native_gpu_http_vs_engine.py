@@ -323,7 +323,9 @@ def process_name(pid: int) -> str:
     text = " ".join(c.decode(errors="replace") for c in cmd if c)
     if "core_process" in text:
         return "engine core"
-    if "multiprocessing" in text or "spawn_main" in text:
+    if "resource_tracker" in text:
+        return "resource tracker"
+    if "spawn_main" in text:
         return "api server"
     if "stator run" in text or "-m stator run" in text:
         return "stator run"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import multiprocessing
 import os
@@ -24,8 +25,7 @@ import shutil
 import signal
 import tempfile
 import time
-
-import httpx
+import urllib.request
 
 from stator.runtime import RuntimeConfig
 
@@ -82,16 +82,22 @@ class FrontendProcesses:
     async def wait_for_model(self, model: str) -> None:
         """Until a frontend lists `model` (the workers' cards reached it)."""
         deadline = time.monotonic() + _READY_TIMEOUT_S
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            while time.monotonic() < deadline:
-                if not any(p.is_alive() for p in self.procs):
-                    raise RuntimeError("every API server process exited")
-                with contextlib.suppress(httpx.HTTPError):
-                    listed = (await client.get(f"{self.base_url}/v1/models")).json()
-                    if any(m.get("id") == model for m in listed.get("data", [])):
-                        return
-                await asyncio.sleep(0.2)
+        loop = asyncio.get_running_loop()
+        while time.monotonic() < deadline:
+            if not any(p.is_alive() for p in self.procs):
+                raise RuntimeError("every API server process exited")
+            listed = await loop.run_in_executor(None, self._models)
+            if model in listed:
+                return
+            await asyncio.sleep(0.2)
         raise TimeoutError(f"the API servers did not list {model!r} in {_READY_TIMEOUT_S}s")
+
+    def _models(self) -> list[str]:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=5) as resp:
+                return [m.get("id") for m in json.loads(resp.read()).get("data", [])]
+        except (OSError, ValueError):
+            return []
 
     async def wait_exit(self) -> None:
         """Until every frontend process has exited (for the lifecycle: serving ended)."""
