@@ -150,3 +150,47 @@ async def test_a_slow_reader_gets_the_waiting_deltas_as_one():
     last = await stream.take()
     assert last.token_ids == [3, 4] and len(last.logprobs) == 2
     assert last.finish_reason == "length"
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+async def test_tensor_parallel_ranks_live_under_the_core_process_and_die_with_it(llama):
+    model_dir, _ = llama
+    request = greedy_request("tp", prompt(11, 12), 5)
+    local = create_engine(_config(), str(model_dir), "tiny")
+    await local.start()
+    try:
+        expected = await asyncio.wait_for(collect(local, request), TIMEOUT)
+    finally:
+        await local.shutdown()
+    eng = create_engine(
+        _config(engine_core_process="on", tensor_parallel_size=2), str(model_dir), "tiny"
+    )
+    await asyncio.wait_for(eng.start(), TIMEOUT)
+    try:
+        got = await asyncio.wait_for(collect(eng, request), TIMEOUT)
+        assert [t for o in got for t in o.token_ids] == [t for o in expected for t in o.token_ids]
+        ranks = _children(eng.proc.pid)
+        assert len(ranks) == 1  # rank 1, started by the core process (rank 0)
+        os.kill(eng.proc.pid, signal.SIGKILL)
+        deadline = asyncio.get_running_loop().time() + 30
+        while os.path.exists(f"/proc/{ranks[0]}") and _state(ranks[0]) != "Z":
+            assert asyncio.get_running_loop().time() < deadline, "rank 1 outlived its core"
+            await asyncio.sleep(0.1)
+    finally:
+        await eng.shutdown()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
