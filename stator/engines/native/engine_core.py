@@ -437,6 +437,8 @@ class EngineCore:
         dst, src = placeholder_rows(batch.seqs, batch.num_new_tokens, pending)
         if dst and pending is not None:
             patch_inputs(inputs.input_ids, pending, dst, src)
+        if pending is not None:
+            pending.draw()  # its masks were filled while this step was prepared
         if self.offload is not None:
             self.offload.wait_for(b for seq in batch.seqs for b in seq.block_ids)
         logits = self.runner.execute(inputs)

@@ -89,13 +89,18 @@ class PendingStep:
         self._ready.record()
         self._host_tokens = host
 
-    @property
-    def device_tokens(self) -> torch.Tensor:
-        """[len(seqs)] int64 on the device (sampled now if not yet)."""
+    def draw(self) -> None:
+        """Sample a `later` step now (if not yet). Before the next forward pass is
+        launched: the logits may be a CUDA graph's output buffer that it overwrites."""
         if self._device_tokens is None:
             assert self._sample is not None
             sample, self._sample = self._sample, None
             self._read_back(sample())
+
+    @property
+    def device_tokens(self) -> torch.Tensor:
+        """[len(seqs)] int64 on the device (sampled now if not yet)."""
+        self.draw()
         assert self._device_tokens is not None
         return self._device_tokens
 
@@ -105,7 +110,7 @@ class PendingStep:
 
     def tokens(self) -> list[int]:
         """The sampled tokens on the host; waits for this step's copy only."""
-        self.device_tokens  # noqa: B018 (samples a `later` step)
+        self.draw()
         if self._ready is not None:
             self._ready.synchronize()
         assert self._host_tokens is not None
