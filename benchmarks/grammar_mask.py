@@ -302,9 +302,13 @@ def main() -> None:
         action="store_true",
         help="only the batch fill inside JSON strings, llguidance vs xgrammar (128k vocabulary)",
     )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="--string-states: the 128k tokenizer.json (default: built)"
+    )
     args = parser.parse_args()
     if args.string_states:
-        result = bench_string_states(llama3_shaped_tokenizer_json(), 128256, 128001, args.batch)
+        path = args.tokenizer or llama3_shaped_tokenizer_json()
+        result = bench_string_states(path, 128256, 128001, args.batch)
         print(json.dumps(result, indent=2))
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2))
