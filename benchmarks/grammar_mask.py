@@ -239,7 +239,7 @@ STRING_STATES = {
 }
 
 
-def bench_string_states(path: Path, vocab: int, eos: int, batch: int, steps: int = 12) -> dict:
+def bench_string_states(path: Path, vocab: int, eos: int, batch: int, steps: int = 8) -> dict:
     """A batch's fill with every request inside a string, each advanced by a random
     allowed token per step (both libraries' masks must allow it): the engine's case at
     batch 64, which `bench_llguidance`'s valid outputs do not reach."""
