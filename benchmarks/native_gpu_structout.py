@@ -144,10 +144,11 @@ def mask_overhead(args: argparse.Namespace, model_dir: Path) -> dict:
             host["wait_s"] += time.perf_counter() - t
 
     MaskFill.result = timed_result  # type: ignore[method-assign]
-    engine_launch = core._launch_sampling
+    guidance = core.guidance
+    engine_launch = guidance.launch_sampling
 
-    def sync_launch(logits, seqs):  # the fill on the step's path, sampled at once
-        tokens = core.sampler.sample_tokens(logits, seqs, core._constraint(seqs))
+    def sync_launch(sampler, logits, seqs):  # the fill on the step's path, sampled at once
+        tokens = sampler.sample_tokens(logits, seqs, guidance.constraint(seqs))
         return PendingStep.launch(seqs, tokens)
 
     rng = random.Random(0)
@@ -164,7 +165,7 @@ def mask_overhead(args: argparse.Namespace, model_dir: Path) -> dict:
                 import llguidance
 
                 compiler.executor = llguidance.LLExecutor(threads)
-            core._launch_sampling = sync_launch if name == "constrained_sync" else engine_launch
+            guidance.launch_sampling = sync_launch if name == "constrained_sync" else engine_launch
             for i in range(bs):
                 core.add_request(request(f"m{bs}{name}{i}", random_ids(rng, 256), 200, spec))
             while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):

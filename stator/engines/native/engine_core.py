@@ -456,7 +456,8 @@ class EngineCore:
                 # A grammar's next mask needs the previous token: read it now (the device
                 # has this step's forward pass queued, so it is not left idle).
                 outputs, pending = self._resolve(pending), None
-            self._pending = self._launch_sampling(self._rows(logits, sample_idx), sample_seqs)
+            rows = self._rows(logits, sample_idx)
+            self._pending = self.guidance.launch_sampling(self.sampler, rows, sample_seqs)
             for seq in sample_seqs:
                 if seq.status is not Status.FINISHED:
                     self._add_placeholder(seq)
@@ -483,36 +484,13 @@ class EngineCore:
         result = self.sampler.sample(
             self._rows(logits, [sample_idx[i] for i in live]),
             live_seqs,
-            self._constraint(live_seqs),
+            self.guidance.constraint(live_seqs),
         )
         for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
             seq.token_ids.append(token)
             out = self._accept_token(seq, len(seq.token_ids) - 1, logprob)
             outputs.append((seq.request_id, out))
         return outputs
-
-    def _launch_sampling(self, logits: torch.Tensor, seqs: list[Sequence]) -> PendingStep:
-        """A deferred step's sampling. With structured output the tokens are drawn when
-        the next step first needs them, so the masks fill on the grammar thread while the
-        host prepares that step (min_tokens counts output tokens: those rows draw now)."""
-        eager = any(s.num_output_tokens < s.sampling.min_tokens for s in seqs)
-        fill = None if eager else self.guidance.start_masks(seqs)
-        if fill is None:
-            tokens = self.sampler.sample_tokens(logits, seqs, self._constraint(seqs))
-            return PendingStep.launch(seqs, tokens)
-
-        def constrain(rows: torch.Tensor, guard: bool) -> torch.Tensor:
-            return self.guidance.apply(rows, fill.result(), guard)
-
-        return PendingStep.later(seqs, lambda: self.sampler.sample_tokens(logits, seqs, constrain))
-
-    def _constraint(self, seqs: list[Sequence]):
-        """Structured output's masks for these rows (filled now, on the host, while the
-        device computes the logits), or None when no row is constrained."""
-        masks = self.guidance.masks(seqs)
-        if masks is None:
-            return None
-        return lambda logits, guard: self.guidance.apply(logits, masks, guard)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(logits.shape[0])):

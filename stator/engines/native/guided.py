@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 
 from stator.engines.base import EngineError
-from stator.engines.native.overlap import to_device
+from stator.engines.native.overlap import PendingStep, to_device
 from stator.engines.native.request import Sequence, Status
+from stator.engines.native.sampler import Constrain, Sampler
 from stator.protocols import GuidedDecoding
 from stator.structured_output.grammar import InvalidGrammar, available
 from stator.structured_output.matcher import GrammarCompiler
@@ -110,6 +111,34 @@ class Guidance:
             self._filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         job = self._filler.submit(self.compiler.fill, rows, host.data_ptr(), len(seqs))
         return MaskFill(job, host, self.device)
+
+    def constraint(self, seqs: list[Sequence]) -> Constrain | None:
+        """The sampler's `constrain` for these rows (masks filled now, while the device
+        computes the logits), or None when no row is constrained."""
+        masks = self.masks(seqs)
+        if masks is None:
+            return None
+        return lambda logits, guard: self.apply(logits, masks, guard)
+
+    def launch_sampling(
+        self, sampler: Sampler, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> PendingStep:
+        """A deferred (overlapped) step's sampling. With structured output the tokens are
+        drawn when the next step first needs them, so the masks fill on the grammar thread
+        while the host prepares that step (min_tokens counts output tokens: such rows
+        draw now)."""
+        eager = any(s.num_output_tokens < s.sampling.min_tokens for s in seqs)
+        fill = None if eager else self.start_masks(seqs)
+        if fill is None:
+            return PendingStep.launch(
+                seqs, sampler.sample_tokens(logits, seqs, self.constraint(seqs))
+            )
+        ready = fill
+
+        def constrain(rows: torch.Tensor, guard: bool) -> torch.Tensor:
+            return self.apply(rows, ready.result(), guard)
+
+        return PendingStep.later(seqs, lambda: sampler.sample_tokens(logits, seqs, constrain))
 
     def apply(self, logits: torch.Tensor, masks: torch.Tensor, guard: bool) -> torch.Tensor:
         """`logits` [N, V] with every token the masks forbid at -inf (a new tensor).
