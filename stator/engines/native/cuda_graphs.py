@@ -21,7 +21,7 @@ from torch import nn
 
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.context import StepContext, set_context
-from stator.engines.native.lora.batch import LoraBatch
+from stator.engines.native.lora.graph_inputs import LoraGraphInputs
 
 log = logging.getLogger(__name__)
 
@@ -66,24 +66,21 @@ class DecodeGraphs:
         self.query_lens = buf(max_batch, fill=q)
         self.cu_query_lens = q * torch.arange(max_batch + 1, dtype=torch.long, device=device)
         # With LoRA, each bucket has a second graph that runs the adapter kernels, reading
-        # the step's token grouping from these buffers (`lora.batch.LoraBatch`).
+        # the step's tiles of tokens per adapter from these buffers (`lora.graph_inputs`).
         self.lora_variants = (False, True) if lora_slots else (False,)
-        self.lora_idx = torch.zeros(max_batch * q, dtype=torch.int32, device=device)
-        self.lora_starts = torch.zeros(lora_slots + 1, dtype=torch.int32, device=device)
-        layers, width = lora_workspace or (0, 0)
-        self.lora_workspace = torch.zeros(
-            layers, max_batch * q, width, dtype=torch.float32, device=device
+        if lora_slots and q > 1:
+            raise ValueError("LoRA graphs are decode graphs: one token per sequence")
+        self.lora_inputs = (
+            LoraGraphInputs(max_batch, lora_slots, lora_workspace or (0, 0), device)
+            if lora_slots
+            else None
         )
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, bool], torch.Tensor] = {}
 
     def _context(self, bs: int, with_lora: bool) -> StepContext:
         tokens = bs * self.tokens_per_seq
-        lora = None
-        if with_lora:
-            lora = LoraBatch(self.lora_idx, self.lora_starts, num_tokens=tokens)
-            if self.lora_workspace.numel():
-                lora.workspace = self.lora_workspace[:, :tokens]
+        lora = self.lora_inputs.batch(bs) if with_lora and self.lora_inputs else None
         return StepContext(
             positions=self.positions[:tokens],
             slot_mapping=self.slot_mapping[:tokens],
@@ -143,9 +140,8 @@ class DecodeGraphs:
         width = ctx.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(ctx.block_tables)
         lora = ctx.lora
-        if lora is not None:
-            self.lora_idx[: lora.sorted_idx.shape[0]].copy_(lora.sorted_idx)
-            self.lora_starts.copy_(lora.starts)
+        if lora is not None and self.lora_inputs is not None:
+            self.lora_inputs.load(lora, bs)
         key = (bs, lora is not None)
         self.graphs[key].replay()
         return self.logits[key][:t]
