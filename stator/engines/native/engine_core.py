@@ -305,6 +305,8 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
         dst, src = placeholder_rows(batch.seqs, batch.num_new_tokens, pending)
         if dst and pending is not None:
             patch_inputs(inputs.input_ids, pending, dst, src)
+        if pending is not None:
+            pending.draw()  # its masks were filled while this step was prepared
         if self.offload is not None:
             self.offload.wait_for(b for seq in batch.seqs for b in seq.block_ids)
         logits = self.runner.execute(inputs)
@@ -322,10 +324,8 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
                 # A grammar's next mask needs the previous token: read it now (the device
                 # has this step's forward pass queued, so it is not left idle).
                 outputs, pending = self._resolve(pending), None
-            tokens = self.sampler.sample_tokens(
-                self._rows(logits, sample_idx), sample_seqs, self._constraint(sample_seqs)
-            )
-            self._pending = PendingStep.launch(sample_seqs, tokens)
+            rows = self._rows(logits, sample_idx)
+            self._pending = self.guidance.launch_sampling(self.sampler, rows, sample_seqs)
             for seq in sample_seqs:
                 if seq.status is not Status.FINISHED:
                     self._add_placeholder(seq)
@@ -352,21 +352,13 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
         result = self.sampler.sample(
             self._rows(logits, [sample_idx[i] for i in live]),
             live_seqs,
-            self._constraint(live_seqs),
+            self.guidance.constraint(live_seqs),
         )
         for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
             seq.token_ids.append(token)
             out = self._accept_token(seq, len(seq.token_ids) - 1, logprob)
             outputs.append((seq.request_id, out))
         return outputs
-
-    def _constraint(self, seqs: list[Sequence]):
-        """Structured output's masks for these rows (filled now, on the host, while the
-        device computes the logits), or None when no row is constrained."""
-        masks = self.guidance.masks(seqs)
-        if masks is None:
-            return None
-        return lambda logits, guard: self.guidance.apply(logits, masks, guard)
 
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(logits.shape[0])):
