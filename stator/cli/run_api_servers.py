@@ -39,7 +39,7 @@ class FrontendProcesses:
 
     def __init__(self, count: int, namespace: str, frontend_config, router_config) -> None:
         from stator.cli.frontend import _router_reads_load
-        from stator.frontend.api_servers import reuse_port_socket
+        from stator.frontend.http.api_servers import reuse_port_socket
 
         self.count = count
         self.dir = tempfile.mkdtemp(prefix="stator-run-")
@@ -61,7 +61,7 @@ class FrontendProcesses:
 
     def start(self, log_level: str) -> None:
         from stator.cli.frontend import _serve_one
-        from stator.frontend.api_servers import _child_main
+        from stator.frontend.http.api_servers import _child_main
         from stator.global_router import GlobalRouterConfig
 
         context = multiprocessing.get_context("spawn")
