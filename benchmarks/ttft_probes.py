@@ -88,8 +88,9 @@ def around_agen(cls: type, attr: str, entered: str, item: str) -> None:
 def install_frontend() -> None:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-    import stator.frontend.app as app_module
-    from stator.frontend.pipeline import ChoiceStream, ModelPipeline
+    import stator.frontend.http.app as app_module
+    from stator.frontend.processor.stator import StatorProcessor
+    from stator.frontend.routing import ChoiceStream
     from stator.llm.chat_template import ChatTemplate
     from stator.llm.postprocess import ChoiceProcessor
     from stator.llm.tokenizer import Tokenizer
@@ -100,7 +101,7 @@ def install_frontend() -> None:
     around_async(app_module, "_parse", "route_entered", "body_decoded")
     around(ChatTemplate, "render", before="template_start", after="template_done")
     around(Tokenizer, "encode", after="tokenized")
-    around(ModelPipeline, "open_choices", after="engine_request_built")
+    around(StatorProcessor, "plan_choices", after="engine_request_built")
     around(_ClientConnection, "open", before="plane_send", after="plane_written")
     around(_ClientConnection, "data_received", before="plane_bytes_in")
     around(ChoiceProcessor, "process", before="detokenize_start", after="detokenized")
@@ -167,8 +168,8 @@ def install_frontend_requests() -> None:
     body write. Nothing per token."""
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    import stator.frontend.app as app_module
-    from stator.frontend.pipeline import ChoiceStream
+    import stator.frontend.http.app as app_module
+    from stator.frontend.routing import ChoiceStream
     from stator.llm.tokenizer import Tokenizer
     from stator.runtime.request_plane.tcp import _ClientConnection
 

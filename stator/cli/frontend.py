@@ -1,6 +1,6 @@
 """`stator frontend`: the OpenAI-compatible HTTP server. It discovers models from the
 workers' model cards and routes requests to them. With `--api-server-count N`, N such
-processes serve the port together (`stator.frontend.api_servers`)."""
+processes serve the port together (`stator.frontend.http.api_servers`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from stator.frontend.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.global_router import GlobalRouterConfig
     from stator.router import RouterConfig
     from stator.runtime import RuntimeConfig
@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stator.frontend.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.global_router import GlobalRouterConfig, load_config
     from stator.router import RouterConfig
     from stator.runtime import RuntimeConfig, run_main
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_api_servers(
     count, log_level, runtime_config, frontend_config, router_config, pools
 ) -> int:
-    from stator.frontend.api_servers import reuse_port_socket, run_api_servers
+    from stator.frontend.http.api_servers import reuse_port_socket, run_api_servers
 
     host = frontend_config.http_host
     try:
@@ -120,7 +120,7 @@ async def _main(runtime_config, frontend_config, router_config, pools, reuse_por
     """Serve under the runtime's `Lifecycle`, as workers do: SIGTERM/SIGINT stop HTTP
     service gracefully (in-flight responses finish) and exit 0; a second signal cuts the
     grace short; a serving failure (e.g. the port is taken) exits 1."""
-    from stator.frontend.drain import FrontendDrain
+    from stator.frontend.http.drain import FrontendDrain
     from stator.frontend.metrics import FrontendMetrics
     from stator.frontend.server import serve_frontend
     from stator.global_router import build_global_router

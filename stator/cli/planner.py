@@ -64,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(config, service, runtime_config, profile) -> int:
-    from prometheus_client import start_http_server
-
+    from stator.planner.health import StatusServer
     from stator.planner.service import (
         PlannerMetrics,
         PlannerService,
@@ -80,11 +79,13 @@ async def _main(config, service, runtime_config, profile) -> int:
         log.error("%s", exc)
         return 2
     metrics = PlannerMetrics()
-    if service.metrics_port:
-        start_http_server(service.metrics_port, registry=metrics.registry)
     planner = PlannerService(
         config, service, runtime_config, connector, build_reader(service), profile, metrics
     )
+    status = None
+    if service.metrics_port:
+        status = StatusServer(metrics.registry, planner.health, service.metrics_port)
+        await status.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     import signal
@@ -98,4 +99,6 @@ async def _main(config, service, runtime_config, profile) -> int:
         await planner.close()
         if connector is not None:
             await connector.close()
+        if status is not None:
+            await status.stop()
     return 0

@@ -24,7 +24,7 @@ class FrontendConfig:
         1024,
         "Responses kept in memory for `previous_response_id` (oldest evicted first)",
     )
-    # -- security and limits (stator.frontend.security, stator.frontend.http_protocol) --
+    # -- security and limits (stator.frontend.http.security, stator.frontend.http.connections) --
     api_key: list[str] = option(
         [],
         "API key clients must send as `Authorization: Bearer KEY` (repeatable, or "

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from stator.frontend.security import TOKEN_CHARGE
+from stator.frontend.http.security import TOKEN_CHARGE
 
 _LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,

@@ -18,10 +18,10 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from stator.frontend.app import create_app
 from stator.frontend.config import FrontendConfig
+from stator.frontend.http.app import create_app
 from stator.frontend.metrics import FrontendMetrics
-from stator.frontend.model_manager import ModelManager, RouteSource
+from stator.frontend.pipelines.manager import ModelManager, RouteSource
 from stator.router import RouterConfig
 from stator.runtime import Runtime
 
@@ -33,7 +33,7 @@ def _http_impl(config: FrontendConfig) -> Any:
     # h11 is the pure-Python fallback (without them).
     if not importlib.util.find_spec("httptools"):
         return "h11"
-    from stator.frontend.http_protocol import ConnectionLimits, limited_protocol, max_connections
+    from stator.frontend.http.connections import ConnectionLimits, limited_protocol, max_connections
 
     return limited_protocol(
         ConnectionLimits(

@@ -30,14 +30,20 @@ class PlannerConfig:
         "How the next interval's load is predicted from past intervals",
         choices=PREDICTORS,
     )
-    predictor_window: int = option(6, "Past intervals the predictor looks at")
+    predictor_window: int = option(6, "Past intervals the rate predictor looks at")
+    mix_window: int = option(
+        12,
+        "Past intervals whose requests the ISL/OSL prediction averages (the mix changes "
+        "slowly, the rate fast)",
+    )
     sla_headroom: float = option(
         0.8,
-        "Plan for this fraction of each target (the model predicts means; targets are p90)",
+        "Plan for this fraction of each target (room for bursts within an interval and for "
+        "the predictor's lag)",
     )
     correction: bool = option(
         True,
-        "Scale the profile's latencies by observed/predicted (smoothed, 0.5-4x): the fleet "
+        "Scale the profile's latencies by observed/predicted (median of 6, 0.5-4x): the fleet "
         "is slower than a lone worker profiled in isolation",
     )
     min_workers: int = option(1, "Fewest workers per role and pool")
@@ -75,10 +81,10 @@ class PlannerConfig:
             raise ValueError("--sla-headroom must be in (0, 1]")
         if self.min_workers < 0 or self.max_workers < max(1, self.min_workers):
             raise ValueError("need 0 <= --min-workers <= --max-workers, --max-workers >= 1")
-        if self.gpus_per_worker < 1 or self.predictor_window < 1 or self.scale_down_step < 1:
-            raise ValueError(
-                "--gpus-per-worker, --predictor-window and --scale-down-step must be >= 1"
-            )
+        if min(self.gpus_per_worker, self.predictor_window, self.mix_window) < 1:
+            raise ValueError("--gpus-per-worker, --predictor-window, --mix-window must be >= 1")
+        if self.scale_down_step < 1:
+            raise ValueError("--scale-down-step must be >= 1")
         if not 0 <= self.kv_usage_down < self.kv_usage_up:
             raise ValueError("need 0 <= --kv-usage-down < --kv-usage-up")
         if not 0 <= self.queue_down < self.queue_up:

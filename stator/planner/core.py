@@ -5,11 +5,10 @@ One `RolePlanner` per (pool, role); `Planner` routes each observation to its own
 
 - `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
   size the role with `sizing` so the profile meets the targets (× `sla_headroom`). What
-  the model misses is learned from each interval, at the load it had: for TTFT a factor,
-  observed p90 / modelled (smoothed, 0.5–4), that divides the target (a p90 over a spread
-  of prompt lengths is a multiple of the TTFT at the mean length); for ITL an overhead,
-  observed p90 − modelled (smoothed, at most half the target), taken off the target (the
-  frontend and the stream add about the same few ms to every gap, whatever the batch). They
+  the model misses is learned from each interval, at the load it had, as two factors,
+  observed p90 / modelled (the median of the last six, each 0.5–4), that divide their targets: for TTFT (a p90
+  over a spread of prompt lengths is a multiple of the TTFT at the mean length) and for
+  ITL (the p90 gap is a steady multiple of the modelled mean gap, `sizing`). They
   correct the modelled latency, not the engine's service time: scaling the service time
   would also scale the modelled utilization, and a p90 that is long because some prompts
   are long does not make the queue any busier.
@@ -51,6 +50,7 @@ class RoleObservation(msgspec.Struct, kw_only=True, omit_defaults=True):
     requests: int = 0  # requests that arrived in the interval
     isl: float = 0.0  # mean prompt tokens
     osl: float = 0.0  # mean output tokens
+    isl_p90: float = 0.0  # p90 prompt tokens (0: unknown, the mean stands in)
     ttft_p90_ms: float | None = None
     itl_p90_ms: float | None = None
     loads: list[WorkerLoad] = msgspec.field(default_factory=list)
@@ -73,7 +73,7 @@ class Decision(msgspec.Struct, kw_only=True, omit_defaults=True):
     predicted_isl: float | None = None
     predicted_osl: float | None = None
     correction: float | None = None  # TTFT: observed / modelled
-    itl_overhead_ms: float | None = None  # ITL: observed − modelled
+    itl_correction: float | None = None  # ITL: observed / modelled
 
     @property
     def changed(self) -> bool:
@@ -109,16 +109,17 @@ class RolePlanner:
     pool: str
     role: str
     rates: list[float] = field(default_factory=list)
-    isls: list[float] = field(default_factory=list)
-    osls: list[float] = field(default_factory=list)
+    # (requests, ISL, OSL, p90 ISL) per interval
+    mix: list[tuple[int, float, float, float]] = field(default_factory=list)
     correction: float = 1.0  # TTFT: observed / modelled
-    itl_overhead_ms: float = 0.0  # ITL: observed − modelled
+    itl_correction: float = 1.0  # ITL: observed / modelled
+    ttft_ratios: list[float] = field(default_factory=list)
+    itl_ratios: list[float] = field(default_factory=list)
     last_change: float = -math.inf
 
     def tick(self, now: float, interval: float, obs: RoleObservation) -> Decision:
-        if obs.requests:
-            self.isls.append(obs.isl)
-            self.osls.append(obs.osl)
+        if obs.requests and obs.isl:
+            self.mix.append((obs.requests, obs.isl, obs.osl, obs.isl_p90 or obs.isl))
         self.rates.append(obs.requests / interval)
         if self.config.policy == "sla":
             desired, reason, extra = self._sla(obs, interval)
@@ -143,59 +144,83 @@ class RolePlanner:
         c = self.config
         assert self.profile is not None, "the sla policy needs a profile"
         rate = predict(self.rates, c.load_predictor, c.predictor_window)
-        isl = predict(self.isls, "moving-average", c.predictor_window) if self.isls else 0.0
-        osl = predict(self.osls, "moving-average", c.predictor_window) if self.osls else 0.0
+        isl, osl, isl_p90 = self._mix()
         if c.correction:
-            self._correct(obs, interval)
+            self._correct(obs)
         extra = {
             "predicted_rps": round(rate, 4),
             "predicted_isl": round(isl, 1),
             "predicted_osl": round(osl, 1),
             "correction": round(self.correction, 3),
-            "itl_overhead_ms": round(self.itl_overhead_ms, 3),
+            "itl_correction": round(self.itl_correction, 3),
         }
-        if rate <= 0 or not self.isls:
+        if rate <= 0 or not self.mix:
             return c.min_workers, "no load", extra
         ttft = c.ttft_target * c.sla_headroom / self.correction
-        itl = c.itl_target * c.sla_headroom - self.itl_overhead_ms
+        itl = c.itl_target * c.sla_headroom / self.itl_correction
         if self.role == "prefill":
-            size = sizing.prefill(self.profile, rate, isl, ttft)
+            size = sizing.prefill(self.profile, rate, isl, ttft, isl_p90=isl_p90)
         elif self.role == "decode":
             size = sizing.decode(self.profile, rate, isl, osl, itl)
         else:
-            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl)
+            size = sizing.aggregated(self.profile, rate, isl, osl, ttft, itl, isl_p90=isl_p90)
         reason = f"{rate:.2f} req/s at {size.per_worker_rps:.2f} per worker"
         return size.workers, reason + (f" ({size.note})" if size.note else ""), extra
 
-    def _correct(self, obs: RoleObservation, interval: float) -> None:
-        """Move the correction factor toward observed / modelled p90 at this interval's
-        load and worker count."""
+    def _mix(self) -> tuple[float, float, float]:
+        """The predicted ISL, OSL and p90 ISL: the request-weighted means of the last
+        `mix_window` intervals. The mix changes slowly while one interval's mean is noisy (on the
+        Mooncake trace, with a prompt-length spread of 0.9× the mean, eight requests'
+        mean ISL is off by a third of it); a short window made one interval of long
+        prompts halve the modelled capacity."""
+        recent = self.mix[-self.config.mix_window :]
+        n = sum(m[0] for m in recent)
+        if not n:
+            return 0.0, 0.0, 0.0
+        isl, osl, isl_p90 = (sum(m[0] * m[k] for m in recent) / n for k in (1, 2, 3))
+        return isl, osl, isl_p90
+
+    def _correct(self, obs: RoleObservation) -> None:
+        """Move the correction factors toward observed / modelled p90 at this interval's
+        worker count, the mix, and the rate of the last two intervals (a gap's p90 is
+        set by the sequences admitted over the last several seconds, not only in this
+        interval)."""
         workers = obs.ready or obs.workers
         if obs.requests < 5 or not workers or self.profile is None:
             return
-        rate = obs.requests / interval / workers
-        ttft_ratio = itl_extra = None
+        if sum(m[0] for m in self.mix[-self.config.mix_window :]) < _MIX_MIN:
+            return  # the first requests to finish are the short ones: no mix to model yet
+        rate = statistics.fmean(self.rates[-2:]) / workers
+        isl, osl, isl_p90 = self._mix()
+        ttft_ratio = itl_ratio = None
         if self.role == "aggregated":
-            state = sizing.aggregated_state(self.profile, rate, obs.isl, obs.osl)
-            if state is None:
+            state = sizing.aggregated_state(self.profile, rate, isl, osl, isl_p90=isl_p90)
+            # Learn only where the model says the fleet kept up: past that (a load step
+            # the fleet has not caught up with yet) the p90s are queues and prefill stalls
+            # the model does not claim to know, and their ratio would read as a fleet
+            # several times slower than it is (measured in benchmarks/planner_sim.py: a
+            # burst on 2 workers took both factors to 2.5 and the fleet to its maximum).
+            if state is None or state.ttft_s * 1000 > self.config.ttft_target:
+                return
+            if state.itl_p90_s * 1000 > self.config.itl_target:
                 return
             if obs.ttft_p90_ms is not None:
                 ttft_ratio = obs.ttft_p90_ms / 1000 / state.ttft_s
             if obs.itl_p90_ms is not None:
-                itl_extra = obs.itl_p90_ms - state.itl_p90_s * 1000
+                itl_ratio = obs.itl_p90_ms / 1000 / state.itl_p90_s
         elif self.role == "prefill" and obs.ttft_p90_ms is not None:
-            p = self.profile.ttft_ms(obs.isl) / 1000
+            p = self.profile.ttft_ms(isl) / 1000
             rho = min(0.95, rate * p)
-            ttft_ratio = obs.ttft_p90_ms / 1000 / (p + rho * p / (2 * (1 - rho)))
+            p90 = self.profile.ttft_ms(isl_p90) / 1000
+            ttft_ratio = obs.ttft_p90_ms / 1000 / (p90 + rho * p / (2 * (1 - rho)))
         elif self.role == "decode" and obs.itl_p90_ms is not None:
-            context = obs.isl + obs.osl / 2
-            batch = max(1.0, rate * obs.osl * obs.itl_p90_ms / 1000)
-            itl_extra = obs.itl_p90_ms - self.profile.itl_ms(batch, context)
+            context = isl + osl / 2
+            batch = max(1.0, rate * osl * obs.itl_p90_ms / 1000)
+            itl_ratio = obs.itl_p90_ms / self.profile.itl_ms(batch, context)
         if ttft_ratio is not None:
-            self.correction = _smoothed(self.correction, ttft_ratio)
-        if itl_extra is not None:
-            extra = min(max(itl_extra, 0.0), self.config.itl_target / 2)
-            self.itl_overhead_ms = 0.7 * self.itl_overhead_ms + 0.3 * extra
+            self.correction = _robust(self.ttft_ratios, ttft_ratio)
+        if itl_ratio is not None:
+            self.itl_correction = _robust(self.itl_ratios, itl_ratio)
 
     def _load(self, obs: RoleObservation) -> tuple[int, str, dict]:
         c = self.config
@@ -237,10 +262,19 @@ class RolePlanner:
         return desired, reason
 
 
-def _smoothed(factor: float, ratio: float) -> float:
-    """Move a correction factor 30% of the way to `ratio`, within 0.5–4."""
-    target = min(4.0, max(0.5, ratio))
-    return 0.7 * factor + 0.3 * target
+_RATIO_WINDOW = 6
+_RATIO_MIN = 3
+_MIX_MIN = 30  # requests in the mix window before a ratio is taken
+
+
+def _robust(ratios: list[float], ratio: float) -> float:
+    """A correction factor: the median of the last six observed / modelled ratios, each
+    within 0.5–4, and 1 until there are three. A median, not a moving mean: one interval
+    of a burst the fleet had not caught up with (p90 ITL 700 ms where the model said 30)
+    must not move the factor, while a real change shows in four intervals of six."""
+    ratios.append(min(4.0, max(0.5, ratio)))
+    del ratios[:-_RATIO_WINDOW]
+    return statistics.median(ratios) if len(ratios) >= _RATIO_MIN else 1.0
 
 
 class Planner:

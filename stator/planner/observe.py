@@ -20,6 +20,7 @@ ITL = "stator_frontend_inter_token_latency_seconds"
 ISL = "stator_frontend_input_tokens"
 OSL = "stator_frontend_output_tokens"
 DECISIONS = "stator_global_router_decisions_total"
+FRONTEND_UP = "stator_frontend_models"
 
 
 @dataclass
@@ -69,6 +70,18 @@ class Snapshot:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     pool_decisions: dict[str, float] = field(default_factory=dict)
 
+    def minus(self, old: Snapshot) -> Snapshot:
+        """What happened between `old` and this scrape of the same frontend."""
+        return Snapshot(
+            {name: h.minus(old.histograms.get(name)) for name, h in self.histograms.items()},
+            {
+                pool: n - old.pool_decisions.get(pool, 0.0)
+                if n >= old.pool_decisions.get(pool, 0.0)
+                else n
+                for pool, n in self.pool_decisions.items()
+            },
+        )
+
 
 def parse_metrics(text: str, model: str | None = None) -> Snapshot:
     snap = Snapshot()
@@ -110,7 +123,8 @@ def merge(snapshots: Iterable[Snapshot]) -> Snapshot:
 
 @dataclass(frozen=True)
 class Traffic:
-    """One interval's traffic: requests (that got a first token), mean ISL/OSL, p90s."""
+    """One interval's traffic: requests that got their first token in it, mean ISL/OSL of
+    the requests that finished in it, p90s."""
 
     requests: int
     isl: float
@@ -118,6 +132,7 @@ class Traffic:
     ttft_p90_ms: float | None
     itl_p90_ms: float | None
     pool_requests: dict[str, float]
+    isl_p90: float = 0.0
 
 
 def traffic(new: Snapshot, old: Snapshot | None) -> Traffic:
@@ -132,37 +147,72 @@ def traffic(new: Snapshot, old: Snapshot | None) -> Traffic:
         for pool, n in new.pool_decisions.items()
     }
     return Traffic(
-        requests=round(isl.count),
+        # Requests counted when their first token came, not when they finished: the ISL
+        # histogram is observed at the end of a request, which lags its arrival by the
+        # whole generation (11 s on average on the Mooncake mix in benchmarks/planner.py,
+        # a minute for the longest outputs), and the planner would see a load step late.
+        requests=round(ttft.count),
         isl=isl.mean() or 0.0,
         osl=osl.mean() or 0.0,
         ttft_p90_ms=None if p90_ttft is None else p90_ttft * 1000,
         itl_p90_ms=None if p90_itl is None else p90_itl * 1000,
         pool_requests=pools,
+        isl_p90=isl.quantile(0.9) or 0.0,
     )
+
+
+class ObservationUnavailable(Exception):
+    """No metrics source answered: the planner cannot see its traffic this time."""
+
+
+# What a metrics source that is down, restarting or unreachable raises; anything else is
+# our own bug and is not swallowed.
+_SOURCE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, ValueError)
 
 
 class FrontendScraper:
     """Scrapes `/metrics` of one or more frontends; `read()` -> the traffic since the
-    previous read."""
+    previous read, or None while no frontend has a baseline yet (the first read, or the
+    first after every frontend was unreachable). Raises `ObservationUnavailable` when no
+    frontend answers.
+
+    Each frontend keeps its own baseline. One that does not answer is left out and loses
+    its baseline; when it answers again that scrape is its new baseline, so the requests it
+    served while unreachable are never counted as one interval's burst (the interval it
+    comes back in undercounts it instead, which the predictor's window smooths)."""
 
     def __init__(self, urls: list[str], model: str | None = None) -> None:
         self.urls = [u.rstrip("/") + "/metrics" if not u.endswith("/metrics") else u for u in urls]
         self.model = model
-        self.last: Snapshot | None = None
+        self.last: dict[str, Snapshot] = {}
+        self.down: dict[str, str] = {}  # url -> why its last scrape failed
         self._session: aiohttp.ClientSession | None = None
 
-    async def read(self) -> Traffic:
+    async def _scrape(self, url: str) -> Snapshot:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
-        snaps = []
+        async with self._session.get(url) as resp:
+            resp.raise_for_status()
+            return parse_metrics(await resp.text(), self.model)
+
+    async def read(self) -> Traffic | None:
+        deltas: list[Snapshot] = []
         for url in self.urls:
-            async with self._session.get(url) as resp:
-                resp.raise_for_status()
-                snaps.append(parse_metrics(await resp.text(), self.model))
-        snap = merge(snaps)
-        out = traffic(snap, self.last)
-        self.last = snap
-        return out
+            try:
+                snap = await self._scrape(url)
+            except _SOURCE_ERRORS as exc:
+                self.down[url] = f"{type(exc).__name__}: {exc}"[:300]
+                self.last.pop(url, None)
+                continue
+            self.down.pop(url, None)
+            old = self.last.get(url)
+            self.last[url] = snap
+            if old is not None:
+                deltas.append(snap.minus(old))
+        if len(self.down) == len(self.urls):
+            reasons = "; ".join(f"{u}: {why}" for u, why in self.down.items())
+            raise ObservationUnavailable(f"no frontend answered: {reasons}")
+        return traffic(merge(deltas), None) if deltas else None
 
     async def close(self) -> None:
         if self._session is not None:
@@ -196,7 +246,23 @@ class PrometheusReader:
         return None if math.isnan(value) else value
 
     async def read(self, window: float) -> Traffic:
+        """Raises `ObservationUnavailable` when Prometheus does not answer or fails a
+        query."""
+        try:
+            return await self._read(window)
+        except (*_SOURCE_ERRORS, RuntimeError, KeyError, IndexError) as exc:
+            raise ObservationUnavailable(
+                f"prometheus {self.url}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _read(self, window: float) -> Traffic:
         w, s = f"{max(1, round(window))}s", self.selector
+        # Every frontend exports this unlabelled gauge; when none is up (or none is
+        # scraped) the increases below are empty and would read as no traffic at all.
+        if not await self._scalar(f"count({FRONTEND_UP})"):
+            raise ObservationUnavailable(
+                f"prometheus {self.url} has no {FRONTEND_UP} series: no frontend is up or scraped"
+            )
 
         def increase(name: str) -> str:
             return f"sum(increase({name}{s}[{w}]))"
@@ -204,23 +270,26 @@ class PrometheusReader:
         def p90(name: str) -> str:
             return f"histogram_quantile(0.9, sum by (le) (rate({name}_bucket{s}[{w}])))"
 
-        count = await self._scalar(increase(ISL + "_count")) or 0.0
+        count = await self._scalar(increase(TTFT + "_count")) or 0.0  # started, as traffic()
+        isl_count = await self._scalar(increase(ISL + "_count")) or 0.0
         isl_sum = await self._scalar(increase(ISL + "_sum")) or 0.0
         osl_count = await self._scalar(increase(OSL + "_count")) or 0.0
         osl_sum = await self._scalar(increase(OSL + "_sum")) or 0.0
         ttft = await self._scalar(p90(TTFT))
         itl = await self._scalar(p90(ITL))
+        isl_p90 = await self._scalar(p90(ISL))
         pools = {
             r["metric"].get("pool", ""): float(r["value"][1])
             for r in await self._query(f"sum by (pool) (increase({DECISIONS}[{w}]))")
         }
         return Traffic(
             requests=round(count),
-            isl=isl_sum / count if count else 0.0,
+            isl=isl_sum / isl_count if isl_count else 0.0,
             osl=osl_sum / osl_count if osl_count else 0.0,
             ttft_p90_ms=None if ttft is None else ttft * 1000,
             itl_p90_ms=None if itl is None else itl * 1000,
             pool_requests=pools,
+            isl_p90=isl_p90 or 0.0,
         )
 
     async def close(self) -> None:

@@ -1,7 +1,11 @@
 """The planner process: every interval, observe (frontend metrics or Prometheus, and the
 workers' load reports), tick the pure `Planner`, apply its decisions with a connector.
 Every observation can be recorded (JSON lines) and replayed through the core offline
-(`stator planner --replay FILE`) to the same decisions."""
+(`stator planner --replay FILE`) to the same decisions.
+
+When the metrics source does not answer, the planner keeps running and holds the fleet
+(`health`): it retries with backoff and ticks again once it has a full interval of
+traffic to look at."""
 
 from __future__ import annotations
 
@@ -20,7 +24,13 @@ from prometheus_client import CollectorRegistry, Gauge
 from stator.config import option
 from stator.planner.config import PlannerConfig
 from stator.planner.core import Decision, Observation, Planner, RoleObservation, WorkerLoad
-from stator.planner.observe import FrontendScraper, PrometheusReader, Traffic
+from stator.planner.health import Backoff, ObservationHealth
+from stator.planner.observe import (
+    FrontendScraper,
+    ObservationUnavailable,
+    PrometheusReader,
+    Traffic,
+)
 from stator.planner.profile import PerfProfile
 from stator.protocols import LoadReport
 from stator.runtime import Runtime, RuntimeConfig
@@ -72,7 +82,11 @@ class PlannerServiceConfig:
         "Replay a recorded observation log through the planner and print its decisions",
         metavar="FILE",
     )
-    metrics_port: int = option(0, "Serve the planner's metrics on this port (0: off)")
+    metrics_port: int = option(
+        0,
+        "Serve the planner's status on this port (0: off): /metrics, /live, and /health "
+        "(503 while it cannot read its traffic)",
+    )
 
 
 class PlannerMetrics:
@@ -162,6 +176,7 @@ class PlannerService:
         self.reader = reader
         self.planner = Planner(config, profile)
         self.metrics = metrics or PlannerMetrics()
+        self.health = ObservationHealth(self.metrics.registry)
         self.pools = service.pools or [runtime_config.namespace]
         self.watches: dict[str, PoolWatch] = {}
         self.decisions: list[Decision] = []
@@ -177,9 +192,12 @@ class PlannerService:
             self.watches[pool] = watch
             if self.connector is not None and not self.config.advisory:
                 for role in self.service.roles:
-                    have = await self.connector.current(pool, role)
-                    if have < self.config.min_workers:
-                        await self.connector.scale(pool, role, self.config.min_workers)
+                    try:
+                        have = await self.connector.current(pool, role)
+                        if have < self.config.min_workers:
+                            await self.connector.scale(pool, role, self.config.min_workers)
+                    except Exception:  # e.g. the Kubernetes API: the loop's ticks retry
+                        log.exception("cannot bring %s/%s to its minimum yet", pool, role)
 
     async def close(self) -> None:
         for watch in self.watches.values():
@@ -189,12 +207,16 @@ class PlannerService:
         if self.reader is not None:
             await self.reader.close()
 
-    async def observe(self, interval: float) -> Observation:
-        traffic = Traffic(0, 0.0, 0.0, None, None, {})
+    async def observe(self, interval: float) -> Observation | None:
+        """None when the reader only took its baseline (nothing to plan on yet); raises
+        `ObservationUnavailable` when the metrics source does not answer."""
+        traffic: Traffic | None = Traffic(0, 0.0, 0.0, None, None, {})
         if isinstance(self.reader, PrometheusReader):
             traffic = await self.reader.read(interval)
         elif self.reader is not None:
             traffic = await self.reader.read()
+        if traffic is None:
+            return None
         roles = []
         for pool in self.pools:
             watch = self.watches[pool]
@@ -214,6 +236,7 @@ class PlannerService:
                         requests=requests,
                         isl=traffic.isl,
                         osl=traffic.osl,
+                        isl_p90=traffic.isl_p90,
                         ttft_p90_ms=traffic.ttft_p90_ms,
                         itl_p90_ms=traffic.itl_p90_ms,
                         loads=watch.worker_loads(role),
@@ -223,6 +246,8 @@ class PlannerService:
 
     async def step(self, interval: float) -> list[Decision]:
         observation = await self.observe(interval)
+        if observation is None:
+            return []
         self.observations.append(observation)
         if self.service.record:
             with Path(self.service.record).open("ab") as f:
@@ -240,23 +265,33 @@ class PlannerService:
         return decisions
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Tick every adjustment interval until `stop` is set (or forever)."""
+        """Tick every adjustment interval until `stop` is set (or forever). A read that
+        fails is retried with backoff (1 s, doubling, at most the interval) and never ends
+        the loop; the interval a tick plans on is the time since the last good read."""
         stop = stop or asyncio.Event()
         interval = self.config.adjustment_interval
+        backoff = Backoff(first=min(1.0, interval), cap=interval)
         last = time.monotonic()
-        if self.reader is not None and not isinstance(self.reader, PrometheusReader):
-            await self.reader.read()  # the baseline the first interval is measured from
+        # Frontend counters need a baseline before the first interval can be measured.
+        delay = 0.0 if isinstance(self.reader, FrontendScraper) else interval
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+                await asyncio.wait_for(stop.wait(), delay)
             if stop.is_set():
                 return
             now = time.monotonic()
             try:
                 await self.step(now - last)
+            except ObservationUnavailable as exc:
+                delay = backoff.next()
+                self.health.failed(now, str(exc), delay)
+                continue
             except Exception:
                 log.exception("planner step failed; trying again next interval")
-            last = now
+            else:
+                self.health.succeeded(now)
+                backoff.reset()
+            last, delay = now, interval
 
 
 def build_connector(service: PlannerServiceConfig, gpus_per_worker: int, pools: list[str]):

@@ -10,9 +10,18 @@ queueing term, and a model of aggregated workers Dynamo does not have in this fo
 - Aggregated worker: prefill steals ρ = rate·P of each second from decoding, so output
   tokens come itl(B)/(1 − ρ) apart in the mean; the batch B is set by Little's law
   (B = rate · OSL · mean gap). A step that carries a prefill chunk is slow: such steps
-  must stay under 8% of all steps, and then the p90 gap is a plain decode step, itl(B).
-  TTFT is P plus the M/D/1 wait plus one step. The rate a worker
-  sustains is the largest that meets every constraint (bisection).
+  must stay under 8% of all steps. The p90 gap is then the mean gap, not the plain decode
+  step: a gap is drawn in proportion to the batch that makes it (a big batch makes more
+  gaps, each longer), and prompt lengths spread the context. Measured on a simulation of
+  a mocker worker fed the Mooncake mix (`benchmarks/planner_model.py`: mean ISL 11k, OSL
+  342, 0.3–0.9 req/s), the p90 gap is 0.95–1.07× the simulated mean gap and 1.07–1.21×
+  this formula's mean gap at every rate, where the plain decode step missed it by
+  1.4–1.8×, the more the busier the worker (which an additive correction cannot follow).
+  The near-constant ratio is left to the planner's multiplicative ITL correction.
+- TTFT targets are p90s: the p90 is the TTFT of the p90 prompt (`isl_p90`, from the
+  frontend's ISL histogram) after the mean wait, not the mean prompt's; on the Mooncake
+  mix (ISL spread 0.9× the mean) that is 2–3× apart. TTFT is P plus the M/D/1 wait plus one step. The rate a
+  worker sustains is the largest that meets every constraint (bisection).
 
 `slow` scales the profile's latencies (the planner's correction factors): prefill times by
 `slow_prefill`, decode steps by `slow_decode`.
@@ -44,17 +53,24 @@ def _workers(rate: float, per_worker: float) -> int:
     return math.ceil(rate / per_worker - 1e-9)
 
 
-def _rho_max(target_s: float, service_s: float) -> float:
-    """Utilization up to which service + M/D/1 wait stays within target."""
-    k = target_s / service_s - 1
+def _rho_max(target_s: float, service_s: float, p90_s: float | None = None) -> float:
+    """Utilization up to which the p90 prompt's service (`p90_s`, default the mean's) +
+    the M/D/1 wait of mean services stays within target."""
+    k = (target_s - (p90_s or service_s)) / service_s
     return 0.0 if k <= 0 else 2 * k / (1 + 2 * k)
 
 
 def prefill(
-    profile: PerfProfile, rate: float, isl: float, ttft_ms: float, slow: float = 1.0
+    profile: PerfProfile,
+    rate: float,
+    isl: float,
+    ttft_ms: float,
+    slow: float = 1.0,
+    isl_p90: float | None = None,
 ) -> Sizing:
     p = profile.ttft_ms(isl) * slow / 1000
-    rho = _rho_max(ttft_ms / 1000, p)
+    p90 = profile.ttft_ms(isl_p90) * slow / 1000 if isl_p90 else p
+    rho = _rho_max(ttft_ms / 1000, p, p90)
     if rho <= 0:
         return Sizing(_workers(rate, 0), 0.0, f"a lone {isl:.0f}-token prompt misses the TTFT")
     return Sizing(_workers(rate, rho / p), rho / p)
@@ -90,9 +106,12 @@ def aggregated_state(
     osl: float,
     slow_prefill: float = 1.0,
     slow_decode: float = 1.0,
+    isl_p90: float | None = None,
 ) -> AggregatedState | None:
-    """None when the worker cannot keep up at all (prefill alone saturates it)."""
+    """None when the worker cannot keep up at all (prefill alone saturates it). The
+    TTFT is the p90 prompt's (`isl_p90`; default: the mean prompt's) after the mean wait."""
     p = profile.ttft_ms(isl) * slow_prefill / 1000
+    p90 = profile.ttft_ms(isl_p90) * slow_prefill / 1000 if isl_p90 else p
     rho = rate * p
     if rho >= 1:
         return None
@@ -111,11 +130,10 @@ def aggregated_state(
     decode_step = step * (1 - rho)  # a step with no prefill in it
     prefill_step = profile.ttft_ms(chunk) * slow_prefill / 1000 + decode_step
     share = rate * chunks * step  # steps carrying prefill / all steps
-    # The mean gap includes the prefill steps; the p90 is a plain decode step as long as
-    # prefill steps are rarer than 1 in 10 (measured: 5 mocker workers at 0.8 req/s each
-    # of Mooncake prompts, p90 ITL 47 ms against a 43 ms decode step, 68 ms mean gap).
-    itl_p90 = prefill_step if share > _PREFILL_STEP_SHARE else decode_step
-    ttft = p + rho * p / (2 * (1 - rho)) + step
+    # While prefill steps are rarer than 1 in 12, the p90 gap is the mean gap (module
+    # docstring); past that, the p90 lands on a step that carries a prefill chunk.
+    itl_p90 = prefill_step if share > _PREFILL_STEP_SHARE else step
+    ttft = p90 + rho * p / (2 * (1 - rho)) + step
     return AggregatedState(rho, batch, step, itl_p90, ttft)
 
 
@@ -128,9 +146,10 @@ def aggregated(
     itl_ms: float,
     slow_prefill: float = 1.0,
     slow_decode: float = 1.0,
+    isl_p90: float | None = None,
 ) -> Sizing:
     def meets(r: float) -> bool:
-        state = aggregated_state(profile, r, isl, osl, slow_prefill, slow_decode)
+        state = aggregated_state(profile, r, isl, osl, slow_prefill, slow_decode, isl_p90)
         return (
             state is not None
             and state.ttft_s * 1000 <= ttft_ms

@@ -138,7 +138,7 @@ def test_dashboard_queries_and_rules_on_a_real_prometheus(tmp_path: Path):
             _wait_http(f"http://127.0.0.1:{port}/health", proc)
         wait_healthy(frontend, http_port)
         # A planner (load policy, applying nothing) for the Planner row; started once the
-        # frontend answers (a planner that cannot read its frontend exits).
+        # frontend answers, so that its first reads already see traffic.
         planner_port = free_port()
         procs.append(
             stator_process(

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stator.frontend.api_servers import ApiServerConfig, reuse_port_socket
+from stator.frontend.http.api_servers import ApiServerConfig, reuse_port_socket
 from tests.e2e.fleet import Fleet, live_instances, wait_until
 from tests.procs import child_pids, repo_env
 

@@ -11,7 +11,7 @@ import socket
 import httpx
 
 from stator.frontend import FrontendConfig
-from stator.frontend.drain import FrontendDrain
+from stator.frontend.http.drain import FrontendDrain
 from stator.frontend.server import serve_frontend
 from stator.protocols import EngineRequest
 from stator.router import RouterConfig

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from stator.frontend.openai_models import MAX_CHOICES
+from stator.frontend.openai.requests import MAX_CHOICES
 from tests.frontend.conftest import ECHO, STORY
 
 MESSAGES = [{"role": "user", "content": "hi"}]

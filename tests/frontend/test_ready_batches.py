@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from stator.frontend.ready_batches import ready_batches
+from stator.frontend.openai.ready_batches import ready_batches
 
 
 class Source:

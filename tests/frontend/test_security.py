@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from stator.frontend import FrontendConfig, running_frontend
-from stator.frontend.security import TokenBuckets, load_api_keys
+from stator.frontend.http.security import TokenBuckets, load_api_keys
 from stator.runtime import Runtime, RuntimeConfig
 from tests.certs import make_certs
 
@@ -172,7 +172,7 @@ async def test_https_with_client_certificates(tmp_path):
 
 
 def test_token_budgets_go_into_debt_and_refill():
-    from stator.frontend.security import TokenBudget
+    from stator.frontend.http.security import TokenBudget
 
     budget = TokenBudget(per_minute=600)  # 10 tokens a second, up to 600
     assert budget.wait(b"k", 0.0) == 0.0

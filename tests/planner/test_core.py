@@ -14,6 +14,7 @@ from stator.planner.core import (
     Observation,
     Planner,
     RoleObservation,
+    RolePlanner,
     WorkerLoad,
     predict,
     replay,
@@ -136,7 +137,7 @@ def test_correction_factor_tracks_observed_latency():
             obs(t * 10, requests=int(rate * 10), workers=1, ttft_p90_ms=state.ttft_s * 5000)
         )
     assert d.correction > 2.5
-    assert d.itl_overhead_ms == 0  # a slow TTFT says nothing about decode steps
+    assert d.itl_correction == 1  # a slow TTFT says nothing about decode steps
     assert d.desired >= 2  # the slower fleet needs more than the profile alone says
 
 
@@ -177,3 +178,55 @@ def test_replay_of_a_recorded_log_is_deterministic():
     first = [d.desired for d in replay(config(), profile(), lines)]
     assert first == [d.desired for d in replay(config(), profile(), lines)]
     assert first[0] == 2 and max(first) == 8
+
+
+def test_aggregated_p90_itl_is_the_mean_gap_and_ttft_the_p90_prompts():
+    p = profile()
+    state = sizing.aggregated_state(p, 2.0, 1000, 100)
+    # few prefill steps: the p90 gap is the mean gap (prefill time included), longer
+    # than a plain decode step
+    assert state.itl_p90_s == pytest.approx(state.step_s)
+    assert state.itl_p90_s > state.step_s * (1 - state.rho) + 1e-9
+    long_tail = sizing.aggregated_state(p, 2.0, 1000, 100, isl_p90=5000)
+    assert long_tail.ttft_s - state.ttft_s == pytest.approx(0.4, abs=1e-6)  # 500 - 100 ms
+    assert long_tail.rho == state.rho  # the queue is as busy: same mean service
+    # prefill: T = P90 + wait(P): P = 0.1 s, P90 = 0.2 s, T = 0.3 s: k = 1, rho = 2/3
+    size = sizing.prefill(p, rate=10, isl=1000, ttft_ms=300, isl_p90=2000)
+    assert size.per_worker_rps == pytest.approx((2 / 3) / 0.1)
+
+
+def test_the_mix_is_a_long_request_weighted_mean_and_one_odd_interval_barely_moves_it():
+    planner = Planner(config(mix_window=12), profile())
+    for t in range(6):
+        planner.tick(obs(t * 10, requests=20, workers=2))  # ISL 1000, OSL 100
+    role = RoleObservation(pool="p", workers=2, requests=2, isl=9000, osl=100, isl_p90=9500)
+    (d,) = planner.tick(Observation(time=60, interval=10, roles=[role]))
+    assert d.predicted_isl == pytest.approx((120 * 1000 + 2 * 9000) / 122, abs=0.1)
+
+
+def test_corrections_are_medians_that_ignore_an_overloaded_interval():
+    c = config(correction=True, mix_window=12)
+    planner = Planner(c, profile())
+    rate = sizing.aggregated(profile(), 1, 1000, 100, 400, 40).per_worker_rps * 0.5
+    state = sizing.aggregated_state(profile(), rate, 1000, 100)
+
+    def tick(t: int, itl_ms: float, requests: int = int(rate * 10)):
+        return planner.tick(obs(t * 10, requests=requests, workers=1, itl_p90_ms=itl_ms))[0]
+
+    role = planner.roles.setdefault(
+        ("p", "aggregated"), RolePlanner(c, profile(), "p", "aggregated")
+    )
+    tick(0, state.itl_p90_s * 1000 * 1.5)
+    assert role.itl_ratios == []  # 17 requests are no mix to model yet
+    for t in (1, 2):
+        d = tick(t, state.itl_p90_s * 1000 * 1.5)
+        assert d.itl_correction == 1  # fewer than three ratios: no correction yet
+    d = tick(3, state.itl_p90_s * 1000 * 1.5)
+    assert d.itl_correction == pytest.approx(1.5, rel=0.02)
+    d = tick(4, 20 * state.itl_p90_s * 1000)  # one wild interval at a sane load
+    assert d.itl_correction == pytest.approx(1.5, rel=0.02)  # the median holds
+    # a load the model says the fleet cannot carry within target: nothing is learned
+    ratios = list(role.itl_ratios)
+    tick(5, 10_000, requests=int(rate * 10 * 40))
+    tick(6, 10_000, requests=int(rate * 10 * 40))
+    assert role.itl_ratios == ratios

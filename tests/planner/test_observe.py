@@ -43,6 +43,7 @@ def test_traffic_between_two_scrapes_of_a_real_frontend_registry():
     t = traffic(second, first)
     assert t.requests == 20
     assert t.isl == pytest.approx(3000) and t.osl == pytest.approx(50)
+    assert 2048 < t.isl_p90 <= 4096  # the 3000-token prompts' power-of-two bucket
     assert 25 <= t.ttft_p90_ms <= 50  # inside the 25-50 ms bucket
     assert 10 <= t.itl_p90_ms <= 15
     assert traffic(first, None).requests == 10
@@ -72,6 +73,8 @@ async def test_prometheus_reader_against_a_faked_api():
             result = [{"metric": {"pool": "fast"}, "value": [0, "12"]}]
         elif "histogram_quantile" in q:
             result = [{"metric": {}, "value": [0, "0.25" if "first_token" in q else "NaN"]}]
+        elif "first_token_seconds_count" in q:  # started: two still running
+            result = [{"metric": {}, "value": [0, "12"]}]
         elif "input_tokens_count" in q:
             result = [{"metric": {}, "value": [0, "10"]}]
         elif "input_tokens_sum" in q:
@@ -95,7 +98,7 @@ async def test_prometheus_reader_against_a_faked_api():
     finally:
         await reader.close()
         await runner.cleanup()
-    assert (t.requests, t.isl, t.osl) == (10, 2000, 150)
+    assert (t.requests, t.isl, t.osl) == (12, 2000, 150)
     assert t.ttft_p90_ms == 250 and t.itl_p90_ms is None
     assert t.pool_requests == {"fast": 12}
     assert any('{model="m"}[30s]' in q for q in queries)

@@ -19,9 +19,8 @@ pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from stator.frontend import errors
 from stator.frontend.metrics import FrontendMetrics
-from stator.frontend.openai_models import ChatCompletionRequest
-from stator.frontend.parsing import ModelParsing
-from stator.frontend.pipeline import ModelPipeline
+from stator.frontend.openai.requests import ChatCompletionRequest
+from stator.frontend.processor.stator import ModelParsing, StatorProcessor
 from stator.llm import Tokenizer
 from stator.parsers.harmony.chat import conversation_start_date
 from stator.protocols import ModelCard
@@ -134,13 +133,13 @@ def same_start_date(monkeypatch):
 
 
 def stator_prompt(parsing: ModelParsing, body: dict) -> list[int]:
-    """The frontend's chat path (`ModelPipeline.chat_prompt`) for a Harmony model, on a
-    pipeline that has only what that path reads (no router or workers)."""
-    pipeline = ModelPipeline.__new__(ModelPipeline)
-    pipeline.name, pipeline.parsing, pipeline.template = "gpt-oss", parsing, None
-    pipeline.metrics = FrontendMetrics()
+    """The frontend's chat path (`StatorProcessor.chat_prompt`) for a Harmony model, on a
+    processor that has only what that path reads (no model files)."""
+    processor = StatorProcessor.__new__(StatorProcessor)
+    processor.name, processor.parsing, processor.template = "gpt-oss", parsing, None
+    processor.metrics = FrontendMetrics()
     request = ChatCompletionRequest(model="gpt-oss", **copy.deepcopy(body))
-    return asyncio.run(pipeline.chat_prompt(request))
+    return asyncio.run(processor.chat_prompt(request))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -14,24 +14,16 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from stator.frontend import errors
-from stator.frontend.completion_prompts import completion_prompts, prompt_length
 from stator.frontend.metrics import GenerationTracker
-from stator.frontend.openai_models import CompletionRequest
-from stator.frontend.pipeline import (
-    ChoiceStream,
-    EngineFailed,
-    ModelPipeline,
-    merged_deltas,
-    prime_all,
-)
-from stator.frontend.responses import (
+from stator.frontend.openai.objects import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     to_json,
     usage_info,
 )
-from stator.frontend.streaming import (
+from stator.frontend.openai.requests import CompletionRequest
+from stator.frontend.openai.streaming import (
     DONE,
     ClientGone,
     SSEResponse,
@@ -41,6 +33,8 @@ from stator.frontend.streaming import (
     sse,
     sse_error,
 )
+from stator.frontend.pipelines import ModelPipeline
+from stator.frontend.routing import ChoiceStream, EngineFailed, merged_deltas, prime_all
 from stator.llm.postprocess import Delta
 
 
@@ -73,9 +67,10 @@ async def create_completion(
     body: CompletionRequest, pipeline: ModelPipeline, request_id: str, receive: Receive
 ) -> Response | SSEResponse:
     _check_supported(body)
-    prompts = await completion_prompts(body, pipeline)
-    streams = pipeline.open_choices(body, prompts, request_id)
-    prompt_tokens = sum(map(prompt_length, prompts))
+    prepared = await pipeline.processor.completion(body, request_id)
+    prompts = prepared.prompts
+    streams = pipeline.open(prepared)
+    prompt_tokens = prepared.prompt_tokens
     tracker = GenerationTracker(pipeline.model_metrics, prompt_tokens)
     try:
         await cancel_on_disconnect(receive, prime_all(streams))
@@ -86,7 +81,7 @@ async def create_completion(
         tracker.finish(0, 0, disconnected=False)
         raise
     # Echo is refused with embeddings (completion_prompts): every prompt here is ids.
-    echoes = [pipeline.decode_prompt(p) if body.echo else "" for p in prompts]  # type: ignore[arg-type]
+    echoes = [pipeline.processor.decode_prompt(p) if body.echo else "" for p in prompts]  # type: ignore[arg-type]
     context = _Context(body, pipeline, streams, tracker, echoes, prompt_tokens, request_id)
 
     def totals() -> tuple[int, int]:

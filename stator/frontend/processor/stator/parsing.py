@@ -14,9 +14,10 @@ token ids with `HarmonyStreamParser`, never on text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from stator.frontend import errors
+from stator.frontend.processor.base import ChoiceParser
 from stator.llm.postprocess import Delta
 from stator.parsers import OutputParser, ParsedDelta, ToolCallDelta
 from stator.parsers.calls import new_call_id
@@ -33,12 +34,6 @@ from stator.parsers.reasoning.think_tags import THINK_END, THINK_START
 from stator.parsers.tool_calls import get_tool_call_parser, tool_call_parser_names
 from stator.protocols import ModelCard
 from stator.structured_output import forced_tool_schema, parse_forced_calls
-
-
-class ChoiceParser(Protocol):
-    def feed(self, delta: Delta) -> ParsedDelta: ...
-
-    def finish(self) -> ParsedDelta: ...
 
 
 class TextChoiceParser:

@@ -1,4 +1,4 @@
-"""Per-request routing hints from HTTP headers.
+"""Per-request routing hints from HTTP headers and the body's `nvext`.
 
 `x-worker-instance-id: <id>` asks for one worker (its id as `/health` lists it, in hex; a
 `0x` prefix or a decimal id with `0d` prefix are also accepted). The router sends the
@@ -10,10 +10,12 @@ threading it through every signature, as the request id does.
 from __future__ import annotations
 
 import contextvars
+from typing import Any
 
 from starlette.requests import Request
 
 from stator.frontend import errors
+from stator.protocols import RoutingHints
 
 WORKER_HEADER = "x-worker-instance-id"
 TTFT_HEADER = "x-ttft-target"
@@ -65,3 +67,21 @@ def set_target_worker(request: Request) -> None:
             parse_target_ms(itl, ITL_HEADER) if itl else None,
         )
     )
+
+
+def routing_hints(body: Any) -> tuple[RoutingHints | None, int]:
+    """(routing hints, priority) of a chat or completions request body: the headers
+    (context variables) and its `nvext`."""
+    target = target_worker_var.get()
+    ttft, itl = targets_var.get()
+    priority = 0
+    nvext = body.nvext
+    if nvext is not None:
+        ttft = nvext.ttft_target or ttft
+        itl = nvext.itl_target or itl
+        hinted = nvext.agent_hints.priority if nvext.agent_hints else None
+        priority = nvext.priority if nvext.priority is not None else (hinted or 0)
+    if target is None and ttft is None and itl is None:
+        return None, priority
+    hints = RoutingHints(target_worker_id=target, ttft_target_ms=ttft, itl_target_ms=itl)
+    return hints, priority

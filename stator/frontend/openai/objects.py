@@ -15,7 +15,7 @@ from msgspec import UNSET, UnsetType
 from stator.llm.postprocess import Delta
 
 if TYPE_CHECKING:
-    from stator.frontend.pipeline import ChoiceStream
+    from stator.frontend.routing import ChoiceStream
 
 
 class PromptTokensDetails(msgspec.Struct):

@@ -14,11 +14,11 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stator.frontend.metrics import FrontendMetrics
+from stator.frontend.openai.streaming import RAW_SEND_KEY
 from stator.logs import request_id_var
 
 _VALID_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
 _HEADER = b"x-request-id"
-RAW_SEND_KEY = "stator.raw_send"
 _KNOWN_PATHS = {
     "/v1/chat/completions",
     "/v1/completions",

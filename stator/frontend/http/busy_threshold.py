@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from stator.frontend import errors
-from stator.frontend.model_manager import ModelManager
+from stator.frontend.pipelines.manager import ModelManager
 
 
 class BusyThresholdUpdate(BaseModel):

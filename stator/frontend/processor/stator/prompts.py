@@ -15,50 +15,41 @@ import time
 from typing import TYPE_CHECKING
 
 from stator.frontend import errors
-from stator.frontend.openai_models import CompletionRequest
+from stator.frontend.openai.requests import CompletionRequest
+from stator.frontend.processor.base import Prompt
 from stator.llm.prompt_embeds import InvalidPromptEmbeds, PromptEmbeds, decode_prompt_embeds
 
 if TYPE_CHECKING:
-    from stator.frontend.pipeline import ModelPipeline
-
-# One completion prompt: token ids, or embeddings the engine takes in their place.
-CompletionPrompt = list[int] | PromptEmbeds
+    from stator.frontend.processor.stator.processor import StatorProcessor
 
 
-def prompt_length(prompt: CompletionPrompt) -> int:
-    """Tokens the prompt occupies in the context (an embedding row is one token)."""
-    return prompt.num_tokens if isinstance(prompt, PromptEmbeds) else len(prompt)
-
-
-async def completion_prompts(
-    body: CompletionRequest, pipeline: ModelPipeline
-) -> list[CompletionPrompt]:
+async def completion_prompts(body: CompletionRequest, processor: StatorProcessor) -> list[Prompt]:
     """Every prompt of the request, embeddings first; raises ApiError (400)."""
-    embeds: list[CompletionPrompt] = []
+    embeds: list[Prompt] = []
     if body.prompt_embeds is not None:
-        check_embeds_request(body, pipeline)
+        check_embeds_request(body, processor)
         payloads = (
             [body.prompt_embeds] if isinstance(body.prompt_embeds, str) else body.prompt_embeds
         )
         # torch.load of a large payload takes a while: keep it off the event loop.
-        embeds = list(await asyncio.to_thread(_decode_all, payloads, pipeline))
+        embeds = list(await asyncio.to_thread(_decode_all, payloads, processor))
     if body.prompt is None or body.prompt == "":
         if not embeds:
             raise errors.bad_request(
                 "Either prompt or prompt_embeds must be given and non-empty.", param="prompt"
             )
         return embeds
-    return [*embeds, *(await token_prompts(body, pipeline))]
+    return [*embeds, *(await token_prompts(body, processor))]
 
 
-def check_embeds_request(body: CompletionRequest, pipeline: ModelPipeline) -> None:
-    card = pipeline.card
+def check_embeds_request(body: CompletionRequest, processor: StatorProcessor) -> None:
+    card = processor.card
     if card.prompt_embeds_hidden_size <= 0:
         hint = (
             " (start its vLLM workers with --enable-prompt-embeds)" if card.engine == "vllm" else ""
         )
         raise errors.bad_request(
-            f"Model `{pipeline.name}` does not accept prompt embeddings: its engine "
+            f"Model `{processor.name}` does not accept prompt embeddings: its engine "
             f"({card.engine or 'unknown'}) takes token ids only{hint}.",
             param="prompt_embeds",
         )
@@ -66,34 +57,34 @@ def check_embeds_request(body: CompletionRequest, pipeline: ModelPipeline) -> No
         raise errors.bad_request("echo is not supported with prompt_embeds.", param="echo")
 
 
-def _decode_all(payloads: list[str], pipeline: ModelPipeline) -> list[PromptEmbeds]:
+def _decode_all(payloads: list[str], processor: StatorProcessor) -> list[PromptEmbeds]:
     decoded = []
-    hidden = pipeline.card.prompt_embeds_hidden_size
+    hidden = processor.card.prompt_embeds_hidden_size
     for i, payload in enumerate(payloads):
         try:
-            decoded.append(decode_prompt_embeds(payload, hidden, pipeline.context_length))
+            decoded.append(decode_prompt_embeds(payload, hidden, processor.context_length))
         except InvalidPromptEmbeds as exc:
             where = f"prompt_embeds[{i}]: " if len(payloads) > 1 else ""
             raise errors.bad_request(f"{where}{exc}", param="prompt_embeds") from exc
     return decoded
 
 
-async def token_prompts(body: CompletionRequest, pipeline: ModelPipeline) -> list[CompletionPrompt]:
+async def token_prompts(body: CompletionRequest, processor: StatorProcessor) -> list[Prompt]:
     """`prompt` as token ids, each checked to be non-empty and inside the vocabulary."""
-    prompt, tokenizer = body.prompt, pipeline.tokenizer
+    prompt, tokenizer = body.prompt, processor.tokenizer
     started = time.perf_counter()
     if isinstance(prompt, str):
-        pipeline.check_text_length(prompt, "prompt")
+        processor.check_text_length(prompt, "prompt")
         prompts = [await tokenizer.encode_async(prompt, add_special_tokens=True)]
     elif prompt and isinstance(prompt[0], str):
         for text in prompt:
-            pipeline.check_text_length(text, "prompt")  # type: ignore[arg-type]
+            processor.check_text_length(text, "prompt")  # type: ignore[arg-type]
         prompts = [await tokenizer.encode_async(p, add_special_tokens=True) for p in prompt]  # type: ignore[arg-type]
     elif prompt and isinstance(prompt[0], int):
         prompts = [list(prompt)]  # type: ignore[arg-type]
     else:
         prompts = [list(p) for p in prompt]  # type: ignore[union-attr]
-    pipeline.metrics.stage_timers["tokenize"].observe(time.perf_counter() - started)
+    processor.metrics.stage_timers["tokenize"].observe(time.perf_counter() - started)
     vocab = tokenizer.vocab_size
     for i, ids in enumerate(prompts):
         if not ids:

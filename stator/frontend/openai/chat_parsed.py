@@ -1,7 +1,7 @@
 """Chat output of models with reasoning or tool-call parsers: `reasoning_content` /
 `reasoning`, `tool_calls` and `finish_reason: "tool_calls"`, streamed and not.
 
-Only used when the model's card names a parser (`ModelParsing.for_request` gave parsers);
+Only used when the request has parsers (its processor gave every choice one);
 every other model keeps `chat.py`'s plain text path. A choice that breaks a required or
 named `tool_choice` is a `model_error` (500, as OpenAI answers invalid model output); in a
 stream, an error event in place of the finish chunk.
@@ -17,15 +17,7 @@ from msgspec import UNSET
 
 from stator.frontend import errors
 from stator.frontend.metrics import GenerationTracker
-from stator.frontend.openai_models import ChatCompletionRequest
-from stator.frontend.parsing import ChoiceParser
-from stator.frontend.pipeline import (
-    ChoiceStream,
-    EngineFailed,
-    ModelPipeline,
-    merged_deltas,
-)
-from stator.frontend.responses import (
+from stator.frontend.openai.objects import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -37,26 +29,15 @@ from stator.frontend.responses import (
     chat_usage,
     to_json,
 )
-from stator.frontend.streaming import DONE, TextChunks, sse, sse_error
+from stator.frontend.openai.requests import ChatCompletionRequest
+from stator.frontend.openai.streaming import DONE, TextChunks, sse, sse_error
+from stator.frontend.pipelines import ModelPipeline
+from stator.frontend.processor import ChoiceParser
+from stator.frontend.routing import ChoiceStream, EngineFailed, merged_deltas
 from stator.llm.postprocess import Delta
 from stator.parsers import ParsedDelta, ToolCall, ToolCallDelta
 from stator.parsers.calls import assemble_calls
 from stator.parsers.tool_calls import ToolChoiceError, validate_tool_choice
-
-
-def open_parsers(
-    body: ChatCompletionRequest, pipeline: ModelPipeline, count: int
-) -> list[ChoiceParser] | None:
-    """One parser per choice, or None when this request has nothing to parse."""
-    parsers = []
-    for _ in range(count):
-        parser = pipeline.parsing.for_request(
-            pipeline.tokenizer.inner, body.tools, body.tool_choice, body.chat_template_kwargs
-        )
-        if parser is None:
-            return None
-        parsers.append(parser)
-    return parsers
 
 
 def parse_delta(parser: ChoiceParser, delta: Delta) -> ParsedDelta:
@@ -148,7 +129,7 @@ async def parsed_chat_result(
             out.logprobs.content.extend(lp.content)
         if delta.finish_reason is not None:
             out.finish = delta
-    show_reasoning = body.include_reasoning and pipeline.parsing.has_reasoning
+    show_reasoning = body.include_reasoning and pipeline.processor.has_reasoning
     choices = []
     for i, out in enumerate(collected):
         calls = assemble_calls(out.calls)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from stator.frontend import errors
-from stator.frontend.model_manager import ModelEntry, ModelManager
+from stator.frontend.pipelines.manager import ModelEntry, ModelManager
 from stator.protocols import AdminRequest, AdminResponse
 from stator.runtime import Client
 from stator.runtime.names import EndpointName

@@ -17,24 +17,24 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from stator.frontend import errors
-from stator.frontend.busy_threshold import install_busy_threshold_routes
-from stator.frontend.chat import create_chat_completion
-from stator.frontend.completions import create_completion
 from stator.frontend.config import FrontendConfig
+from stator.frontend.http.busy_threshold import install_busy_threshold_routes
+from stator.frontend.http.request_context import RequestContextMiddleware
+from stator.frontend.http.security import HttpGuard, load_api_keys
+from stator.frontend.http.worker_admin import install_worker_admin_routes, sleeping_error
 from stator.frontend.metrics import FrontendMetrics
-from stator.frontend.model_manager import ModelManager
-from stator.frontend.openai_models import (
+from stator.frontend.openai.chat import create_chat_completion
+from stator.frontend.openai.completions import create_completion
+from stator.frontend.openai.objects import ModelList, ModelObject, to_json
+from stator.frontend.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     ResponsesRequest,
 )
-from stator.frontend.pipeline import ModelPipeline
-from stator.frontend.request_context import RequestContextMiddleware
-from stator.frontend.responses import ModelList, ModelObject, to_json
-from stator.frontend.responses_api import create_response
-from stator.frontend.routing_hints import set_target_worker
-from stator.frontend.security import HttpGuard, load_api_keys
-from stator.frontend.worker_admin import install_worker_admin_routes, sleeping_error
+from stator.frontend.openai.responses_api import create_response
+from stator.frontend.pipelines.manager import ModelManager
+from stator.frontend.pipelines.pipeline import ModelPipeline
+from stator.frontend.routing.hints import set_target_worker
 from stator.llm.responses import InMemoryResponseStore
 from stator.logs import request_id_var
 

@@ -11,22 +11,13 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from stator.frontend import errors
-from stator.frontend.chat_parsed import (
+from stator.frontend.metrics import GenerationTracker
+from stator.frontend.openai.chat_parsed import (
     chat_text_chunks,
-    open_parsers,
     parsed_chat_chunks,
     parsed_chat_result,
 )
-from stator.frontend.metrics import GenerationTracker
-from stator.frontend.openai_models import ChatCompletionRequest
-from stator.frontend.pipeline import (
-    ChoiceStream,
-    EngineFailed,
-    ModelPipeline,
-    merged_deltas,
-    prime_all,
-)
-from stator.frontend.responses import (
+from stator.frontend.openai.objects import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -38,7 +29,8 @@ from stator.frontend.responses import (
     chat_usage,
     to_json,
 )
-from stator.frontend.streaming import (
+from stator.frontend.openai.requests import ChatCompletionRequest
+from stator.frontend.openai.streaming import (
     DONE,
     ClientGone,
     SSEResponse,
@@ -47,15 +39,17 @@ from stator.frontend.streaming import (
     sse,
     sse_error,
 )
+from stator.frontend.pipelines import ModelPipeline
+from stator.frontend.routing import ChoiceStream, EngineFailed, merged_deltas, prime_all
 from stator.llm.postprocess import Delta
 
 
 async def create_chat_completion(
     body: ChatCompletionRequest, pipeline: ModelPipeline, request_id: str, receive: Receive
 ) -> Response | SSEResponse:
-    prompt = await pipeline.chat_prompt(body)
-    streams = pipeline.open_choices(body, [prompt], request_id)
-    tracker = GenerationTracker(pipeline.model_metrics, len(prompt))
+    prepared = await pipeline.processor.chat(body, request_id)
+    streams = pipeline.open(prepared)
+    tracker = GenerationTracker(pipeline.model_metrics, prepared.prompt_tokens)
     try:
         await cancel_on_disconnect(receive, prime_all(streams))
     except ClientGone:
@@ -66,7 +60,7 @@ async def create_chat_completion(
         raise
     response_id = f"chatcmpl-{request_id}"
     created = int(time.time())
-    parsers = open_parsers(body, pipeline, len(streams))
+    parsers = prepared.parsers
     if body.stream:
         chunks = (
             chat_chunks(body, pipeline, streams, tracker, response_id, created)

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from stator.frontend.pipeline import ModelPipeline
+from stator.frontend.pipelines.pipeline import ModelPipeline
 from stator.protocols import ModelCard, decode
 from stator.router import RouterConfig
 from stator.runtime import Runtime

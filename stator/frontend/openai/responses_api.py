@@ -17,18 +17,19 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from stator.frontend import errors
-from stator.frontend.chat_parsed import parse_delta
 from stator.frontend.metrics import GenerationTracker
-from stator.frontend.openai_models import ChatCompletionRequest, ResponsesRequest
-from stator.frontend.parsing import ChoiceParser
-from stator.frontend.pipeline import ChoiceStream, EngineFailed, ModelPipeline, prime_all
-from stator.frontend.responses import to_json
-from stator.frontend.streaming import (
+from stator.frontend.openai.chat_parsed import parse_delta
+from stator.frontend.openai.objects import to_json
+from stator.frontend.openai.requests import ChatCompletionRequest, ResponsesRequest
+from stator.frontend.openai.streaming import (
     ClientGone,
     SSEResponse,
     cancel_on_disconnect,
     client_gone_response,
 )
+from stator.frontend.pipelines import ModelPipeline
+from stator.frontend.processor import ChoiceParser
+from stator.frontend.routing import ChoiceStream, EngineFailed, prime_all
 from stator.llm.postprocess import Delta
 from stator.llm.responses import (
     ResponseBuilder,
@@ -213,12 +214,10 @@ async def create_response(
     receive: Receive,
 ) -> Response | SSEResponse:
     conversation, chat = translate(body, store)
-    prompt = await pipeline.chat_prompt(chat)
-    (stream,) = pipeline.open_choices(chat, [prompt], request_id)
-    parser = pipeline.parsing.for_request(
-        pipeline.tokenizer.inner, chat.tools, chat.tool_choice, chat.chat_template_kwargs
-    )
-    tracker = GenerationTracker(pipeline.model_metrics, len(prompt))
+    prepared = await pipeline.processor.chat(chat, request_id)
+    (stream,) = pipeline.open(prepared)
+    parser = prepared.choices[0].parser
+    tracker = GenerationTracker(pipeline.model_metrics, prepared.prompt_tokens)
     try:
         await cancel_on_disconnect(receive, prime_all([stream]))
     except ClientGone:

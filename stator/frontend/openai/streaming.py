@@ -21,13 +21,14 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from stator.frontend.errors import ApiError
-from stator.frontend.ready_batches import ready_batches
-from stator.frontend.request_context import RAW_SEND_KEY
+from stator.frontend.openai.ready_batches import ready_batches
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DONE = b"data: [DONE]\n\n"
+# Where the request-context middleware leaves the raw ASGI send (see `SSEResponse`).
+RAW_SEND_KEY = "stator.raw_send"
 FIRST_WRITE_EVENTS = 2
 _HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -41,7 +42,7 @@ def sse(payload: bytes) -> bytes:
 
 
 def sse_error(error: ApiError) -> bytes:
-    from stator.frontend.responses import to_json
+    from stator.frontend.openai.objects import to_json
 
     return sse(to_json(error.body()))
 
@@ -146,7 +147,7 @@ class TextChunkTemplate:
     _MARK = "\x1fstator-text\x1f"
 
     def __init__(self, build: Callable[[str], object]) -> None:
-        from stator.frontend.responses import to_json
+        from stator.frontend.openai.objects import to_json
 
         raw = sse(to_json(build(self._MARK)))
         self._parts = raw.split(to_json(self._MARK))
