@@ -65,6 +65,14 @@ class NativeConfig:
         "Paged attention kernels; auto = triton on CUDA, torch (gather + SDPA) elsewhere",
         choices=["auto", "torch", "triton"],
     )
+    engine_core_process: str = option(
+        "auto",
+        "Run the engine core (scheduler, model, sampler) in a process of its own, fed one "
+        "batched message per step, so the worker's HTTP and asyncio work never delays a "
+        "step (vLLM does the same, VLLM_ENABLE_V1_MULTIPROCESSING); auto = on with CUDA "
+        "for aggregated workers, off on the CPU (where the step, not the host, is slow)",
+        choices=["auto", "on", "off"],
+    )
     enforce_eager: bool = option(False, "Never use CUDA graphs for decode steps")
     overlap: str = option(
         "auto",
