@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from stator.engines.base import EngineDead
+from stator.engines.base import EngineDead, EngineError
 from stator.engines.native import NativeConfig, create_engine, uses_core_process
 from stator.engines.native.core_client import CoreProcessEngine, _Stream
 from stator.protocols import INVALID_REQUEST, BlockStored, EngineOutput, TokenLogprob
@@ -75,6 +75,12 @@ async def test_load_events_and_kv_state_come_from_the_core(engine):
     state = await engine.kv_state()
     assert state and isinstance(state[0].data, BlockStored)
     assert engine.load()[0].worker_id == 17
+    # The worker's admin op (a router's resync) awaits the core's answer.
+    from stator.protocols import AdminRequest
+    from stator.worker.admin import AdminOps
+
+    answer = await AdminOps(engine).handle(AdminRequest(op="kv_state"))
+    assert answer.ok and answer.result and answer.result[0]["worker_id"] == 17
     await engine.clear_kv()
     assert await engine.kv_state() == []
     await events.aclose()
@@ -194,3 +200,62 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+async def test_lora_loads_and_unloads_in_the_core_process(llama, tmp_path):
+    pytest.importorskip("peft")
+    from tests.engines.native.lora_adapters import build_adapter
+    from tests.engines.native.models import hf_greedy
+
+    model_dir, hf = llama
+    ref = build_adapter(hf, tmp_path / "a1", seed=10)[1]
+    eng = create_engine(
+        _config(engine_core_process="on", enable_lora=True, lora_allowed_dirs=[str(tmp_path)]),
+        str(model_dir),
+        "tiny",
+    )
+    await asyncio.wait_for(eng.start(), TIMEOUT)
+    try:
+        info = await eng.load_lora("a1", str(tmp_path / "a1"))
+        assert info.name == "a1" and [i.name for i in eng.model_card().loras] == ["a1"]
+        ids = prompt(3, 12)
+        req = greedy_request("r1", ids, 5)
+        req.model = "a1"  # the adapter's own card names it
+        outs = await asyncio.wait_for(collect(eng, req), TIMEOUT)
+        assert [t for o in outs for t in o.token_ids] == hf_greedy(ref, ids, 5)
+        await eng.unload_lora("a1")
+        assert eng.list_loras() == []
+        with pytest.raises(EngineError, match="not loaded"):
+            await eng.unload_lora("a1")
+        with pytest.raises(EngineError):  # outside the allowed directories
+            await eng.load_lora("a2", "/etc")
+        late = greedy_request("r2", ids, 5)
+        late.lora_name = "a1"
+        refused = await asyncio.wait_for(collect(eng, late), TIMEOUT)
+        assert refused[-1].finish_reason == "error" and "not loaded" in refused[-1].error
+    finally:
+        await eng.shutdown()
+
+
+async def test_sleep_and_wake_in_the_core_process(llama):
+    model_dir, _ = llama
+    eng = create_engine(
+        _config(engine_core_process="on", enable_sleep_mode=True), str(model_dir), "tiny"
+    )
+    await asyncio.wait_for(eng.start(), TIMEOUT)
+    try:
+        ids = prompt(9, 20)
+        before = await asyncio.wait_for(collect(eng, greedy_request("a", ids, 6)), TIMEOUT)
+        await eng.sleep(1)
+        assert eng.is_sleeping()
+        with pytest.raises(EngineError, match="asleep"):
+            await collect(eng, greedy_request("b", ids, 6))
+        await eng.wake(["weights"])  # one part back: still asleep
+        assert eng.is_sleeping()
+        await eng.wake(["kv_cache"])
+        assert not eng.is_sleeping()
+        again = await asyncio.wait_for(collect(eng, greedy_request("c", ids, 6)), TIMEOUT)
+        # (Deltas may arrive merged: compare the tokens.)
+        assert [t for o in again for t in o.token_ids] == [t for o in before for t in o.token_ids]
+    finally:
+        await eng.shutdown()
