@@ -12,7 +12,8 @@ import pytest
 
 from stator.engines.base import EngineDead, EngineError
 from stator.engines.native import NativeConfig, create_engine, uses_core_process
-from stator.engines.native.core_client import CoreProcessEngine, _Stream
+from stator.engines.native.core_client import CoreProcessEngine
+from stator.engines.native.core_stream import RequestStream
 from stator.protocols import INVALID_REQUEST, BlockStored, EngineOutput, TokenLogprob
 from tests.engines.native.models import greedy_request, prompt
 
@@ -92,7 +93,11 @@ async def test_abort_ends_the_stream_and_frees_blocks(engine):
     assert first.token_ids
     await engine.abort("long")
     rest = [o async for o in gen]
-    assert rest[-1].finish_reason == "abort" and rest[-1].usage.prompt_tokens == 30
+    assert rest[-1].usage.prompt_tokens == 30
+    # The core runs on its own: on a starved CPU the request may reach the context limit
+    # before the abort lands; it must end either way.
+    used = 30 + rest[-1].usage.completion_tokens
+    assert rest[-1].finish_reason == "abort" or used >= engine.info.max_total_tokens
 
     async def freed() -> None:
         while engine.load()[0].num_running or engine.load()[0].active_kv_blocks:
@@ -145,7 +150,7 @@ async def test_a_core_that_cannot_start_is_a_clear_error(llama):
 
 
 async def test_a_slow_reader_gets_the_waiting_deltas_as_one():
-    stream = _Stream(prompt_tokens=3)
+    stream = RequestStream(prompt_tokens=3)
     lp = TokenLogprob(token_id=1, logprob=-0.5)
     stream.put(EngineOutput(token_ids=[1], cached_tokens=0))
     stream.put(EngineOutput(token_ids=[2]))
