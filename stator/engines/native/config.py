@@ -111,10 +111,12 @@ class NativeConfig:
         "CUDA for MXFP4 checkpoints, the model dtype otherwise",
         choices=["auto", "bf16", "mxfp4"],
     )
-    cpu_offload_gb: float = option(
+    kv_offloading_size: float = option(
         0.0,
         "GiB of pinned host memory for KV blocks evicted from the GPU cache, loaded back "
-        "instead of recomputed when a prompt needs them again (0 = no host tier)",
+        "instead of recomputed when a prompt needs them again (0 = no host tier; vLLM's "
+        "name for its KV offloading buffer; its --cpu-offload-gb offloads weights)",
+        metavar="GIB",
     )
     disk_offload_dir: str = option(
         "",

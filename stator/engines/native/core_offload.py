@@ -1,4 +1,4 @@
-"""The engine core's KV offload tiers (`--cpu-offload-gb`, `--disk-offload-dir`):
+"""The engine core's KV offload tiers (`--kv-offloading-size`, `--disk-offload-dir`):
 built from the config, and driven between scheduling and each step's kernels."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ class OffloadCore:
 
     def _make_offload(self, model_dir: str | Path) -> OffloadManager | None:
         cfg = self.config
-        if cfg.cpu_offload_gb <= 0 and not cfg.disk_offload_dir:
+        if cfg.kv_offloading_size <= 0 and not cfg.disk_offload_dir:
             return None
         if cfg.tensor_parallel_size > 1:
             raise ValueError(
-                "KV offload (--cpu-offload-gb) does not support tensor parallelism yet"
+                "KV offload (--kv-offloading-size) does not support tensor parallelism yet"
             )
         if not cfg.enable_prefix_caching:
             raise ValueError("KV offload needs prefix caching (blocks are found by their hash)")
@@ -34,7 +34,7 @@ class OffloadCore:
         return OffloadManager(
             pool,
             block_size=cfg.block_size,
-            host_bytes=int(cfg.cpu_offload_gb * GiB),
+            host_bytes=int(cfg.kv_offloading_size * GiB),
             disk_dir=cfg.disk_offload_dir or None,
             disk_bytes=int(cfg.disk_offload_gb * GiB),
             policy=cfg.kv_load_policy,

@@ -24,7 +24,7 @@ def check_sleep_allowed(config: NativeConfig) -> None:
         raise Unsupported("sleep mode is off: start the worker with --enable-sleep-mode")
     if config.tensor_parallel_size > 1:
         raise Unsupported("sleep mode does not work with tensor parallelism yet")
-    if config.cpu_offload_gb > 0 or config.disk_offload_dir:
+    if config.kv_offloading_size > 0 or config.disk_offload_dir:
         # The offload tiers hold the KV pool that sleep frees and wake allocates anew.
         raise Unsupported("sleep mode does not work with KV offload tiers yet")
 
