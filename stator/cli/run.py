@@ -94,6 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stator.cli.frontend import check_processor
     from stator.cli.worker import build_engine_config, second_phase, worker_model_dir
     from stator.frontend.config import FrontendConfig
     from stator.router import RouterConfig
@@ -118,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
         WorkerConfig, parsed, migration_limit=router_config.migration_limit or 0
     )
     frontend_config = from_args(FrontendConfig, parsed)
+    try:
+        check_processor(frontend_config.processor)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 2
     try:
         model_dir = worker_model_dir(worker_config, from_args(DownloadConfig, parsed))
     except ModelNotFound as exc:
