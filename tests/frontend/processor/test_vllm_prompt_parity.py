@@ -101,4 +101,6 @@ def test_gpt_oss_prompt_ids(tmp_path):
         reasoning_parser="gpt_oss",
         tool_call_parser="harmony",
     )
-    compare(card, CORPUS)
+    # GPT-OSS knows low, medium and high effort: a 400 from both for anything else.
+    minimal = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "minimal"}
+    compare(card, [*CORPUS, ("minimal-effort-refused", minimal)])

@@ -33,6 +33,18 @@ from stator.protocols import EngineRequest, ModelCard
 _STATOR_ONLY = {"nvext"}
 
 
+def client_errors() -> tuple[type[BaseException], ...]:
+    """What vLLM's renderer and request models raise for a bad request (a 400 here)."""
+    import jinja2
+    from vllm.exceptions import VLLMClientError
+
+    return (ValueError, TypeError, KeyError, VLLMClientError, jinja2.TemplateError)
+
+
+def bad_request(exc: BaseException, param: str | None = None) -> errors.ApiError:
+    return errors.bad_request(str(exc), param=getattr(exc, "parameter", None) or param)
+
+
 def vllm_seed(seed: int | None, index: int) -> int | None:
     """Choice `index`'s seed as vLLM's parallel sampling derives it."""
     return None if seed is None else seed + index
@@ -67,8 +79,8 @@ class VllmProcessor:
         started = time.perf_counter()
         try:
             rendered = await self.model.online.render_chat(request)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise errors.bad_request(str(exc), param=getattr(exc, "parameter", None)) from exc
+        except client_errors() as exc:
+            raise bad_request(exc, "messages") from exc
         self._raise_error_response(rendered)
         _conversation, inputs = rendered
         prompt = list(inputs[0]["prompt_token_ids"])
@@ -113,8 +125,8 @@ class VllmProcessor:
         started = time.perf_counter()
         try:
             rendered = await self.model.online.render_completion(request)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise errors.bad_request(str(exc), param="prompt") from exc
+        except client_errors() as exc:
+            raise bad_request(exc, "prompt") from exc
         self._raise_error_response(rendered)
         prompts = [list(engine_input["prompt_token_ids"]) for engine_input in rendered]
         self.metrics.stage_timers["tokenize"].observe(time.perf_counter() - started)
@@ -147,8 +159,8 @@ class VllmProcessor:
             return model(**fields)
         except ValidationError as exc:
             raise errors.validation_error(exc.errors()) from None
-        except ValueError as exc:
-            raise errors.bad_request(str(exc), param=getattr(exc, "parameter", None)) from exc
+        except client_errors() as exc:
+            raise bad_request(exc) from exc
 
     @staticmethod
     def _raise_error_response(rendered: Any) -> None:
@@ -186,8 +198,8 @@ class VllmProcessor:
             )
         try:
             return request.to_sampling_params(max_tokens, self.model.default_sampling_params)
-        except ValueError as exc:
-            raise errors.bad_request(str(exc), param=getattr(exc, "parameter", None)) from exc
+        except client_errors() as exc:
+            raise bad_request(exc) from exc
 
     def _plans(
         self, body: Any, prompt: list[int], params: Any, request_id: str, prompt_index: int
