@@ -92,7 +92,7 @@ async def serve(
     runtime = await Runtime.create(RuntimeConfig(discovery="mem"))
     config = FrontendConfig(http_host="127.0.0.1", http_port=port, processor=processor)
     async with running_frontend(runtime, config) as frontend:
-        await frontend.manager.wait_for_model(MODEL)
+        await frontend.manager.wait_for_model(MODEL, timeout=600)
         print("READY", flush=True)
         await asyncio.Event().wait()
 
@@ -150,7 +150,7 @@ async def asgi_only(
     metrics = FrontendMetrics()
     manager = ModelManager(runtime, RouterConfig(), metrics, processor=processor)
     await manager.start()
-    await manager.wait_for_model(MODEL)
+    await manager.wait_for_model(MODEL, timeout=600)
     app = create_app(manager, metrics)
     body = json.dumps(
         {

@@ -180,7 +180,10 @@ async def _serve(
 
     async def serve() -> None:
         async with running_frontend(frontend_runtime, frontend_config, router_config) as front:
-            await front.manager.wait_for_model(served, timeout=60.0)
+            # vLLM's processor builds vLLM's model config and renderer first: seconds on
+            # an idle CPU, minutes on a busy one.
+            ready = 600.0 if frontend_config.processor == "vllm" else 60.0
+            await front.manager.wait_for_model(served, timeout=ready)
             # The one line a user waits for: where to point their client.
             if run_config.disagg:
                 workers = (

@@ -93,6 +93,16 @@ def test_mocker_worker_behind_vllm_processor(fleet, tmp_path):
     assert finish == "tool_calls"
     assert usage is not None and usage.completion_tokens > 0
 
+    # The Responses API on the same pipeline: reasoning and message items, streamed too.
+    response = client.responses.create(model="m", input=ANSWER, max_output_tokens=200)
+    assert response.output_text == "Hello there, friend!"
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    events = list(
+        client.responses.create(model="m", input=ANSWER, max_output_tokens=200, stream=True)
+    )
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "Hello there, friend!" and events[-1].type == "response.completed"
+
     # What vLLM's processor cannot pass on is a 400 naming the field.
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(
