@@ -3,11 +3,11 @@
 1. the link: one `copy_` of a large tensor between the GPUs (GB/s), both ways;
 2. `copy_blocks` between pools on the two GPUs in this process, 8B-shaped (32 layers, 8 KV
    heads, dim 128, bf16, 16-token blocks = 2 MiB a block), for 1k/8k/32k-token prompts with
-   scattered and with consecutive block ids;
+   consecutive, churned (runs of 1-8) and scattered block ids, each copy method (`--copies`);
 3. the native engine: a prefill worker process on GPU 0 and a decode worker process on
    GPU 1 (8B-shaped, random weights), prompts of 1k/8k/32k tokens through HTTP; the decode
    worker's metrics give each pull's bytes and time (CUDA IPC: the decode GPU reads the
-   prefill pool across NVLink);
+   prefill pool across NVLink); one such fleet per `--engine-copies` method;
 4. TTFT / ITL through HTTP of 1P+1D against two aggregated workers (one per GPU) on the
    same mixed workload: streams with short prompts decoding while 8k-token prompts arrive.
 
@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.native_gpu_serve import make_8b_dir  # noqa: E402
 from stator.kv.block_copy import pool_shape  # noqa: E402
+from stator.kv.transfer import copy as kv_copy  # noqa: E402
 from stator.kv.transfer.copy import copy_blocks  # noqa: E402
 
 LAYERS, HEADS, DIM, BS = 32, 8, 128, 16
@@ -73,7 +74,20 @@ def link_bandwidth(nbytes: int = 4 << 30) -> dict:
     return out
 
 
-def block_copy_bandwidth() -> dict:
+def churned_ids(rng: random.Random, n: int, blocks: int) -> list[int]:
+    """Ids a cache that has served a while hands out: runs of 1-8 consecutive blocks."""
+    runs, start = [], 0
+    while start < blocks:
+        length = min(rng.randint(1, 8), blocks - start)
+        runs.append(range(start, start + length))
+        start += length
+    rng.shuffle(runs)
+    return [b for r in runs for b in r][:n]
+
+
+def block_copy_bandwidth(methods: list[str]) -> dict:
+    """`copy_blocks` from a pool on GPU 0 to one on GPU 1, each method, three id patterns:
+    consecutive on both sides, churned (short runs), scattered (random ids)."""
     blocks = SIZES[-1] // BS * 2
     src = torch.randn(
         pool_shape(LAYERS, blocks, BS, HEADS, DIM), dtype=torch.bfloat16, device="cuda:0"
@@ -85,26 +99,34 @@ def block_copy_bandwidth() -> dict:
     out = {}
     for tokens in SIZES:
         n = tokens // BS
-        scattered_r = rng.sample(range(blocks), n)
-        scattered_l = rng.sample(range(blocks), n)
-        consecutive = list(range(n))
-        for name, remote, local in (
-            ("scattered", scattered_r, scattered_l),
-            ("consecutive", consecutive, consecutive),
-        ):
-            with torch.cuda.device(1):
-                nbytes = copy_blocks(src, dst, remote, local)
-                seconds = timed(lambda r=remote, lo=local: copy_blocks(src, dst, r, lo))
-            dst.zero_()
-            with torch.cuda.device(1):
-                copy_blocks(src, dst, remote, local)
-            torch.cuda.synchronize(1)
-            ok = torch.equal(dst[:, :, local], src[:, :, remote].to("cuda:1"))
-            out[f"{tokens}/{name}"] = {
-                "GBps": nbytes / seconds / 1e9,
-                "ms": seconds * 1e3,
-                "ok": ok,
-            }
+        patterns = {
+            "consecutive": (list(range(n)), list(range(n))),
+            "churned": (churned_ids(rng, n, blocks), churned_ids(rng, n, blocks)),
+            "scattered": (rng.sample(range(blocks), n), rng.sample(range(blocks), n)),
+        }
+        for name, (remote, local) in patterns.items():
+            for method in methods:
+                try:
+                    with torch.cuda.device(1):
+                        nbytes = copy_blocks(src, dst, remote, local, method)
+                        seconds = timed(
+                            lambda r=remote, lo=local, m=method: copy_blocks(src, dst, r, lo, m)
+                        )
+                    dst[:, :, local] = 0
+                    with torch.cuda.device(1):
+                        copy_blocks(src, dst, remote, local, method)
+                    torch.cuda.synchronize(1)
+                except Exception as exc:
+                    out[f"{tokens}/{name}/{method}"] = {"error": f"{type(exc).__name__}: {exc}"}
+                    log(f"copy_blocks {tokens} {name} {method} failed: {exc}")
+                    continue
+                ok = torch.equal(dst[:, :, local], src[:, :, remote].to("cuda:1"))
+                out[f"{tokens}/{name}/{method}"] = {
+                    "GBps": nbytes / seconds / 1e9, "ms": seconds * 1e3, "ok": ok,
+                }  # fmt: skip
+                log(
+                    f"copy_blocks {tokens} {name} {method}: {nbytes / seconds / 1e9:.1f} GB/s ok={ok}"
+                )
     return out
 
 
@@ -248,6 +270,9 @@ def engine_transfers(fleet: Fleet, rng: random.Random, reps: int) -> dict:
         k: v for k, v in fleet.metrics("decode").items() if k.startswith("kv_transfers_")
     }
     out["fallbacks"] = fleet.metrics("decode").get("kv_transfer_fallbacks_total", 0)
+    out["copy_kernel_failed"] = [
+        line for p in fleet.procs for line in p.output().splitlines() if "kernel failed" in line
+    ]
     return out
 
 
@@ -322,6 +347,17 @@ def main() -> None:
     ap.add_argument("--long-every", type=float, default=1.0)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--kv-cache-memory", default="12GiB")
+    ap.add_argument(
+        "--max-batch", type=int, default=64, help="workers' max-num-seqs and graph batch"
+    )
+    ap.add_argument(
+        "--copies", default="runs,push,pull",
+        help="copy_blocks methods to time in one process",
+    )  # fmt: skip
+    ap.add_argument(
+        "--engine-copies", default="auto",
+        help="--kv-transfer-copy of the decode worker: one 1P+1D fleet each (pulls only)",
+    )  # fmt: skip
     ap.add_argument("--smoke", action="store_true", help="CPU check of the harness: tiny model")
     ap.add_argument("--skip-http", action="store_true", help="transfers only: no aggregated fleet")
     args = ap.parse_args()
@@ -338,36 +374,43 @@ def main() -> None:
         res["link_GBps"] = link_bandwidth()
         torch.cuda.empty_cache()
         log("link", res["link_GBps"])
-        res["copy_blocks"] = block_copy_bandwidth()
+        res["copy_blocks"] = block_copy_bandwidth(args.copies.split(","))
+        res["copy_kernel_failed"] = kv_copy._kernel_failed
         torch.cuda.empty_cache()
-        log("copy_blocks", res["copy_blocks"])
         args.out.write_text(json.dumps(res, indent=1))
         model_dir = make_8b_dir(workdir)
         config = json.loads((model_dir / "config.json").read_text())
         config["max_position_embeddings"] = 40960
         (model_dir / "config.json").write_text(json.dumps(config))
-        flags = ["--load-format", "dummy", "--max-model-len", "40960", "--max-num-seqs", "64",
-                 "--max-graph-batch", "64", "--kv-cache-memory", args.kv_cache_memory,
+        flags = ["--load-format", "dummy", "--max-model-len", "40960", "--max-num-seqs", str(args.max_batch),
+                 "--max-graph-batch", str(args.max_batch), "--kv-cache-memory", args.kv_cache_memory,
                  "--health-check-interval", "0"]  # fmt: skip
-    dis = Fleet(workdir, model_dir, "dis", flags)
+    copies = args.engine_copies.split(",")
+    fleets = {c: Fleet(workdir, model_dir, f"dis-{c}", flags) for c in copies}
     agg = Fleet(workdir, model_dir, "agg", flags)
+    dis = fleets[copies[0]]
     try:
-        dis.frontend("--disagg-min-prefill-tokens", str(SIZES[0]))
-        # Each process lists its own GPU first and the other one second: its pool is on
-        # its cuda:0, and the peer's pool opens (CUDA IPC) on that same device index.
-        dis.worker("prefill", "0,1", "--role", "prefill")
-        dis.worker("decode", "1,0", "--role", "decode")
+        for copy_method, fleet in fleets.items():
+            fleet.frontend("--disagg-min-prefill-tokens", str(SIZES[0]))
+            # Each process lists its own GPU first and the other one second: its pool is on
+            # its cuda:0, and the peer's pool opens (CUDA IPC) on that same device index.
+            fleet.worker("prefill", "0,1", "--role", "prefill")
+            fleet.worker("decode", "1,0", "--role", "decode", "--kv-transfer-copy", copy_method)
         if not args.skip_http:
             agg.frontend()
             agg.worker("agg0", "0,1")
             agg.worker("agg1", "1,0")
-        dis.wait_ready(1, 1)
+        for fleet in fleets.values():
+            fleet.wait_ready(1, 1)
         if not args.skip_http:
             agg.wait_ready(2, 0)
         log("fleets ready")
-        rng = random.Random(1)
-        res["engine_transfer"] = engine_transfers(dis, rng, args.reps)
-        probe = tokens(rng, SIZES[1])
+        res["engine_transfer"] = {}
+        for copy_method, fleet in fleets.items():
+            rng = random.Random(1)
+            res["engine_transfer"][copy_method] = engine_transfers(fleet, rng, args.reps)
+            args.out.write_text(json.dumps(res, indent=1))
+        probe = tokens(random.Random(2), SIZES[1])
         res["same_output"] = args.skip_http or (
             complete(dis.url, probe, 16)["choices"][0]["text"]
             == complete(agg.url, probe, 16)["choices"][0]["text"]
@@ -381,10 +424,10 @@ def main() -> None:
         res["decode_metrics"] = dis.metrics("decode")
         res["prefill_metrics"] = dis.metrics("prefill")
     finally:
-        for fleet in (dis, agg):
+        for fleet in (*fleets.values(), agg):
             fleet.stop()
         args.out.write_text(json.dumps(res, indent=1))
-        for p in dis.procs + agg.procs:
+        for p in [p for f in (*fleets.values(), agg) for p in f.procs]:
             tail = p.output()[-1500:]
             if "Traceback" in tail or "ERROR" in tail:
                 print(f"--- {p.name}\n{tail}", flush=True)

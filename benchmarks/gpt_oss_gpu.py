@@ -98,11 +98,18 @@ def timed(fn, n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
-GEMV_SWEEP = [(8, 256, 4), (8, 512, 4), (4, 256, 2), (4, 512, 4), (16, 512, 4)]
-GEMM_SWEEP = {  # spill-free under ptxas for both kernels, or nearly (tile M, N, K, warps, stages)
-    64: [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (16, 128, 64, 4, 3)],
-    2048: [(64, 64, 64, 8, 3), (128, 64, 32, 8, 4), (64, 128, 64, 8, 3)],
+# Streaming kernels: mxfp4 (BLOCK_N, groups of 32 per step, warps); bf16 (BLOCK_N, BLOCK_K,
+# warps). Grouped GEMMs: (MXFP4 mode, (tile M, N, K, warps, stages)); "words" tiles need
+# K >= 128 (fused_moe.WORD_CONFIGS), the others K dividing 2,880 (fused_moe.CONFIGS).
+GEMV_SWEEP = {
+    "mxfp4": [(4, 16, 4), (2, 16, 4), (8, 16, 4), (4, 8, 4)],
+    "bf16": [(8, 256, 4), (4, 256, 4)],
 }
+GEMM_SWEEP = {
+    64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3))],
+    256: [("words", (32, 128, 128, 4, 3)), ("words", (32, 64, 128, 4, 3)),
+          ("scaled", (32, 128, 64, 4, 3)), ("scaled", (64, 128, 64, 4, 3))],
+}  # fmt: skip
 
 
 def graph_timed(fn, n: int) -> float:
@@ -116,16 +123,19 @@ def graph_timed(fn, n: int) -> float:
     return timed(graph.replay, n)
 
 
-def _sweep(apply, configs, fn, n: int) -> tuple[dict, tuple]:
-    """Time `fn` under each config (`apply(cfg)` installs it); keeps the best installed."""
+def _sweep(apply, configs, fn, n: int, check=None) -> tuple[dict, tuple]:
+    """Time `fn` under each config (`apply(cfg)` installs it; `check()` asserts its output
+    is right); keeps the best installed."""
     times: dict = {}
     best = None
     for cfg in configs:
         apply(cfg)
         try:
+            if check is not None:
+                check()
             t = graph_timed(fn, n)
-        except Exception as exc:  # a config that does not compile or fit: skip it
-            times[str(cfg)] = f"failed: {type(exc).__name__}"
+        except Exception as exc:  # a config that does not compile, fit or agree: skip it
+            times[str(cfg)] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
             continue
         times[str(cfg)] = round(t * 1e6, 1)
         if best is None or t < best[0]:
@@ -137,37 +147,87 @@ def _sweep(apply, configs, fn, n: int) -> tuple[dict, tuple]:
 
 @torch.inference_mode()
 def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
-    """The fused MoE of one layer alone (router included; CUDA graphs), by batch, after
-    sweeping the
-    tile configurations of batch 1 (streaming kernels), 64 and 2,048 tokens (grouped
-    GEMMs); the best of each stays installed for the engine runs that follow."""
+    """The fused MoE of one layer alone (router included; CUDA graphs): sweeps of the
+    streaming kernels' tiles at batch 1, of the grouped GEMMs' MXFP4 modes and tiles at 64
+    and 256 tokens, the crossovers streaming/GEMM
+    and packed/expanded, then times by batch. Every config is checked against the reference first; the best of each stays
+    installed for the engine runs that follow."""
     from stator.engines.native.kernels import fused_moe as fm
-    from stator.engines.native.kernels import moe_gemv
+    from stator.engines.native.kernels import moe_dequant, moe_gemv
     from tests.engines.native.test_gpu_gpt_oss import _moe
 
     moe = _moe(packed, experts=experts)
     mode = "mxfp4" if packed else "bf16"
     per_expert = 3 * 2880 * 2880 * (17 / 32 if packed else 2)  # w13 + w2 bytes
-    res: dict = {"sweep_us": {}, "best": {}, "by_batch_us": {}}
-    xs = {t: torch.randn(t, 2880, device="cuda", dtype=torch.bfloat16) for t in (1, 64, 2048)}
+    res: dict = {"sweep_us": {}, "best": {}, "by_batch_us": {}, "crossover_us": {}}
+    xs = {t: torch.randn(t, 2880, device="cuda", dtype=torch.bfloat16) for t in (1, 64, 256)}
+
+    def checker(x):
+        weights, ids = moe.route(x)
+        ref = moe._reference(x, weights, ids).float()
+
+        def check():
+            err = float((fm.fused_moe(x, weights, ids, moe).float() - ref).norm() / ref.norm())
+            assert err < 2e-2, f"relative error {err:.3g}"
+
+        return check
 
     def gemv_cfg(cfg):
         moe_gemv.CONFIG[mode] = cfg
 
-    times, best = _sweep(gemv_cfg, GEMV_SWEEP, lambda: moe(xs[1]), 50)
+    times, best = _sweep(gemv_cfg, GEMV_SWEEP[mode], lambda: moe(xs[1]), 50, checker(xs[1]))
     res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
     res["b1_bandwidth_frac"] = round(4 * per_expert / best[0] / bandwidth, 3)
-    for tokens in (64, 2048):
-        slot = next(i for i, (most, _) in enumerate(fm.CONFIGS) if tokens * 4 <= most)
+    saved_min_pairs, moe_dequant.MIN_PAIRS = moe_dequant.MIN_PAIRS, 0
+    best_mode: dict = {}
+    for tokens, configs in GEMM_SWEEP.items():
+        pairs = tokens * 4
+        if not packed:
+            configs = [("bytes", c) for m, c in configs if m == "scaled"]
 
-        def gemm_cfg(cfg, slot=slot):
-            fm.CONFIGS[slot] = (fm.CONFIGS[slot][0], cfg)
+        def gemm_cfg(cfg, pairs=pairs):
+            fm.MXFP4_GEMM, tile = cfg
+            table = fm.WORD_CONFIGS if fm.MXFP4_GEMM == "words" else fm.CONFIGS
+            slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
+            table[slot] = (table[slot][0], tile)
 
-        times, best = _sweep(gemm_cfg, GEMM_SWEEP[tokens], lambda t=tokens: moe(xs[t]), 10)
+        times, best = _sweep(
+            gemm_cfg, configs, lambda t=tokens: moe(xs[t]), 10, checker(xs[tokens])
+        )
         res["sweep_us"][tokens], res["best"][tokens] = times, best[1]
-    for tokens in (1, 2, 8, 16, 64, 256, 2048):
+        for cfg in configs:  # each mode's best tile of this size stays in its table
+            mode_times = {str(c): times[str(c)] for c in configs if c[0] == cfg[0]}
+            ok = {k: v for k, v in mode_times.items() if not isinstance(v, str)}
+            if ok:
+                win = next(c for c in configs if str(c) == min(ok, key=ok.get))
+                gemm_cfg(win)
+                best_mode.setdefault(tokens, {})[cfg[0]] = ok[str(win)]
+    # Back to choosing the mode by size (fused_moe.mxfp4_mode), each mode's best tiles kept.
+    res["best_by_mode_us"] = best_mode
+    fm.MXFP4_GEMM = None
+    for tokens in (4, 8):  # streaming kernels against grouped GEMMs
+        x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+        row = {}
+        for name, most in (("gemv", 1 << 30), ("gemm", 0)):
+            saved, fm.GEMV_MAX_PAIRS = fm.GEMV_MAX_PAIRS, most
+            row[name] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
+            fm.GEMV_MAX_PAIRS = saved
+        res["crossover_us"][f"{tokens}_gemv_vs_gemm"] = row
+    if packed:
+        for tokens in (512, 1024, 2048):  # packed GEMMs against expanded experts
+            x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+            row = {}
+            for name, min_pairs in (("packed", 0), ("expanded", 1)):
+                moe_dequant.MIN_PAIRS = min_pairs
+                row[name] = round(graph_timed(lambda x=x: moe(x), 5) * 1e6, 1)
+            res["crossover_us"][f"{tokens}_packed_vs_expanded"] = row
+    moe_dequant.MIN_PAIRS = saved_min_pairs
+    for tokens in (1, 2, 4, 8, 16, 64, 256):
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         res["by_batch_us"][tokens] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
+    res["installed"] = {"gemv": moe_gemv.CONFIG[mode], "mxfp4_gemm": fm.MXFP4_GEMM,
+                        "word_configs": fm.WORD_CONFIGS, "configs": fm.CONFIGS,
+                        "gemv_max_pairs": fm.GEMV_MAX_PAIRS, "min_pairs": moe_dequant.MIN_PAIRS}  # fmt: skip
     return res
 
 
@@ -324,21 +384,23 @@ def main() -> None:
     ap.add_argument(
         "--expand-min-pairs",
         type=int,
-        default=0,
-        help="kernels/moe_dequant.MIN_PAIRS: expand MXFP4 experts to bf16 from this many pairs",
+        default=None,
+        help="kernels/moe_dequant.MIN_PAIRS (0 = never; default: the module's): expand MXFP4 "
+        "experts to bf16 from this many pairs",
     )
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     from stator.engines.native.kernels import moe_dequant
 
-    moe_dequant.MIN_PAIRS = args.expand_min_pairs
+    if args.expand_min_pairs is not None:
+        moe_dequant.MIN_PAIRS = args.expand_min_pairs
     mode = args.moe_weights
     res: dict = {"device": torch.cuda.get_device_name(), "model": f"gpt-oss-{args.model}",
                  "moe_weights": mode}  # fmt: skip
     args.name = f"gpt_oss_{args.model}_{mode}_{'_'.join(args.parts)}"
-    if args.expand_min_pairs:
+    if args.expand_min_pairs is not None:
         args.name += f"_expand{args.expand_min_pairs}"
-        res["expand_min_pairs"] = args.expand_min_pairs
+    res["expand_min_pairs"] = moe_dequant.MIN_PAIRS
     bandwidth = copy_bandwidth()
     res["copy_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
     torch.cuda.empty_cache()

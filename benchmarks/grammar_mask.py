@@ -231,11 +231,88 @@ def bench_xgrammar(tokenizer_path: Path, vocab: int, cases) -> dict:
     return out
 
 
+#: Where a random-weight model under `nested_record` spends its steps (the engine's GPU
+#: benchmark): inside a plain JSON string, or inside the `format: email` one.
+STRING_STATES = {
+    "in_plain_string": '{"id": "ABC-1234", "customer": {"name": "',
+    "in_email_string": '{"id": "ABC-1234", "customer": {"name": "x", "email": "',
+}
+
+
+def bench_string_states(path: Path, vocab: int, eos: int, batch: int, steps: int = 8) -> dict:
+    """A batch's fill with every request inside a string, each advanced by a random
+    allowed token per step (both libraries' masks must allow it): the engine's case at
+    batch 64, which `bench_llguidance`'s valid outputs do not reach."""
+    import random
+
+    import numpy as np
+    import torch
+    import transformers
+    import xgrammar as xgr
+
+    from stator.protocols import GuidedDecoding
+    from stator.structured_output.matcher import GrammarCompiler
+
+    schema = SCHEMAS["nested_record"][0]
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(path))
+    compiler = GrammarCompiler(path.read_text(), vocab, [eos])
+    info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=vocab, stop_token_ids=[eos])
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(", ", ": ")
+    )
+    xbatch = xgr.BatchGrammarMatcher()
+    out: dict = {"batch": batch}
+    for state, prefix in STRING_STATES.items():
+        rng = random.Random(0)
+        ids = hf.encode(prefix, add_special_tokens=False)
+        lms = [compiler.matcher(GuidedDecoding(json_schema=schema)) for _ in range(batch)]
+        xms = [xgr.GrammarMatcher(compiled) for _ in range(batch)]
+        for lm, xm in zip(lms, xms, strict=True):
+            for t in ids:
+                assert lm.consume_token(t) and xm.accept_token(t)
+        lmask = torch.full((batch, compiler.words), -1, dtype=torch.int32)
+        xmask = xgr.allocate_token_bitmask(batch, vocab)
+        ltimes, xtimes = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            compiler.fill([(m, i) for i, m in enumerate(lms)], lmask.data_ptr(), batch)
+            ltimes.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            xbatch.batch_fill_next_token_bitmask(xms, xmask)
+            xtimes.append(time.perf_counter() - t0)
+            both = (lmask & xmask).numpy().view(np.uint8)
+            for i in range(batch):
+                allowed = np.nonzero(np.unpackbits(both[i], bitorder="little")[:vocab])[0]
+                allowed = allowed[allowed != eos]
+                token = int(rng.choice(allowed.tolist())) if len(allowed) else eos
+                assert lms[i].consume_token(token) and xms[i].accept_token(token)
+        out[state] = {
+            "llguidance_fill": stats(ltimes[2:]),
+            "xgrammar_fill": stats(xtimes[2:]),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here as JSON")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--string-states",
+        action="store_true",
+        help="only the batch fill inside JSON strings, llguidance vs xgrammar (128k vocabulary)",
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="--string-states: the 128k tokenizer.json (default: built)"
+    )
     args = parser.parse_args()
+    if args.string_states:
+        path = args.tokenizer or llama3_shaped_tokenizer_json()
+        result = bench_string_states(path, 128256, 128001, args.batch)
+        print(json.dumps(result, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+        return
     from tokenizers import Tokenizer
 
     vocabularies = {

@@ -12,7 +12,7 @@ against without it.
    (24k tokens) and `--max-num-seqs 8`; S sessions of P-token distinct prefixes, 3 turns
    each, round-robin (so the working set is S*P tokens, ~4x the cache and every session's
    prefix has left the GPU by its next turn); each turn adds 200 user tokens and asks for 16.
-   Sequential requests, TTFT from the streamed response. Once with `--cpu-offload-gb 16`,
+   Sequential requests, TTFT from the streamed response. Once with `--kv-offloading-size 16`,
    once without.
 """
 
@@ -157,7 +157,7 @@ def serve(model_dir: Path, root: Path, tiers: bool, args: argparse.Namespace) ->
     if args.device == "cuda":
         flags += ["--dtype", "bfloat16"]
     if tiers:
-        flags += ["--cpu-offload-gb", str(args.host_gb)]
+        flags += ["--kv-offloading-size", str(args.host_gb)]
     name = "tiers" if tiers else "gpu_only"
     log = root / f"{name}.log"
     proc, url = start(flags, log)

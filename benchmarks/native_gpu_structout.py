@@ -6,7 +6,9 @@ like Llama-3's (`grammar_mask.py` builds it; pass its tokenizer.json, gzipped or
 
 1. Mask overhead: decode step time at batch 1/32/64 with every request constrained by a
    JSON schema (greedy, decode graphs and overlap on) against the same batch unconstrained;
-   host time spent filling masks is reported beside it.
+   the host time of the mask fill (on the grammar thread) and what the step's own thread
+   still waits for it are reported beside it, and the same with the fill on the step's
+   path (the engine before the grammar thread).
 2. Speculative decoding at controlled acceptance. Random weights make a real draft's
    acceptance meaningless, so the draft tokens come from an oracle: the target's own greedy
    continuation (recorded from a run where every draft is rejected, on the same verify
@@ -14,8 +16,9 @@ like Llama-3's (`grammar_mask.py` builds it; pass its tokenizer.json, gzipped or
    one. Two drafters: a free one (prompt-lookup cost: nothing on the device) and a
    2-layer 8B-wide draft model that really runs its k forward passes before the oracle
    overwrites its tokens (a small draft model's or an EAGLE head's cost). Reported: decode
-   tok/s at batch 1 and 8 against the measured mean accepted length, and the plain decode
-   baseline (decode graphs) of the same target.
+   tok/s at batch 1 and 8 against the measured mean accepted length, verification steps
+   replayed as CUDA graphs and run eagerly, and the plain decode baseline (decode graphs)
+   of the same target.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from native_gpu import LLAMA_31_8B, random_ids
 
 from stator.engines.native.config import NativeConfig
 from stator.engines.native.engine_core import EngineCore
+from stator.engines.native.guided import MaskFill
+from stator.engines.native.overlap import PendingStep
 from stator.engines.native.request import Sequence
 from stator.engines.native.spec import SpecStats
 from stator.protocols import EngineRequest, GuidedDecoding, SamplingOptions, StopConditions
@@ -110,63 +115,86 @@ def sync() -> None:
 
 
 def mask_overhead(args: argparse.Namespace, model_dir: Path) -> dict:
+    """Variants at each batch size: `free` (no constraint), `constrained` (the engine:
+    masks filled on the grammar thread while the host prepares the next step),
+    `constrained_sync` (the fill on the step's own path, as before: sampled right after
+    it) and `constrained_threadsN` (the engine with an N-thread llguidance pool)."""
     core = EngineCore(config(args), model_dir)
-    host = {"s": 0.0, "calls": 0}
-    masks = core.guidance.masks
+    host = {"fill_s": 0.0, "wait_s": 0.0, "calls": 0}
+    compiler = core.guidance._compiler()
+    assert compiler is not None
+    fill = compiler.fill
 
-    def timed_masks(seqs):
+    def timed_fill(*fill_args):  # on the grammar thread
         t = time.perf_counter()
         try:
-            return masks(seqs)
+            return fill(*fill_args)
         finally:
-            host["s"] += time.perf_counter() - t
+            host["fill_s"] += time.perf_counter() - t
             host["calls"] += 1
 
-    core.guidance.masks = timed_masks  # type: ignore[method-assign]
+    compiler.fill = timed_fill  # type: ignore[method-assign]
+    result = MaskFill.result
+
+    def timed_result(self):  # on the step's thread: what the fill still costs it
+        t = time.perf_counter()
+        try:
+            return result(self)
+        finally:
+            host["wait_s"] += time.perf_counter() - t
+
+    MaskFill.result = timed_result  # type: ignore[method-assign]
+    guidance = core.guidance
+    engine_launch = guidance.launch_sampling
+
+    def sync_launch(sampler, logits, seqs):  # the fill on the step's path, sampled at once
+        tokens = sampler.sample_tokens(logits, seqs, guidance.constraint(seqs))
+        return PendingStep.launch(seqs, tokens)
+
     rng = random.Random(0)
     schema = SCHEMAS[args.schema][0]
     out: dict = {"schema": args.schema}
-    variants = [(False, None), (True, None)] + [(True, n) for n in args.mask_threads]
+    variants = [("free", None), ("constrained", None), ("constrained_sync", None)]
+    variants += [(f"constrained_threads{n}", n) for n in args.mask_threads]
+    default_executor = compiler.executor
     for bs in args.batch_sizes:
         row = {}
-        for constrained, threads in variants:
-            spec = GuidedDecoding(json_schema=schema) if constrained else None
-            tag = f"m{bs}{'c' if constrained else 'u'}{threads}"
+        for name, threads in variants:
+            spec = None if name == "free" else GuidedDecoding(json_schema=schema)
             if threads is not None:
                 import llguidance
 
-                core.guidance._compiler().executor = llguidance.LLExecutor(threads)
+                compiler.executor = llguidance.LLExecutor(threads)
+            guidance.launch_sampling = sync_launch if name == "constrained_sync" else engine_launch
             for i in range(bs):
-                core.add_request(request(f"{tag}{i}", random_ids(rng, 256), 200, spec))
+                core.add_request(request(f"m{bs}{name}{i}", random_ids(rng, 256), 200, spec))
             while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
                 core.step()
             for _ in range(4):
                 core.step()
-            host["s"], host["calls"] = 0.0, 0
+            host.update(fill_s=0.0, wait_s=0.0, calls=0)
             sync()
             start, n = time.perf_counter(), args.steps
             for _ in range(n):
                 core.step()
             sync()
-            step_ms = 1e3 * (time.perf_counter() - start) / n
-            name = "constrained" if constrained else "free"
-            if threads is not None:
-                name += f"_threads{threads}"
-            row[name + "_step_ms"] = round(step_ms, 3)
+            row[name + "_step_ms"] = round(1e3 * (time.perf_counter() - start) / n, 3)
             row[name + "_running"] = len(core.scheduler.running)
-            if constrained:
-                host_ms = round(1e3 * host["s"] / max(1, host["calls"]), 3)
-                row[name + "_mask_host_ms_per_step"] = host_ms
+            if spec is not None:
+                calls = max(1, host["calls"])
+                row[name + "_mask_fill_ms"] = round(1e3 * host["fill_s"] / calls, 3)
+                row[name + "_mask_wait_ms"] = round(1e3 * host["wait_s"] / calls, 3)
             for rid in list(core.seqs):
                 core.abort(rid)
             while core.has_work():
                 core.step()
-        row["overhead"] = round(row["constrained_step_ms"] / row["free_step_ms"] - 1, 4)
-        for n in args.mask_threads:
-            ratio = row[f"constrained_threads{n}_step_ms"] / row["free_step_ms"] - 1
-            row[f"overhead_threads{n}"] = round(ratio, 4)
+            compiler.executor = default_executor
+        for name, _ in variants[1:]:
+            ratio = row[f"{name}_step_ms"] / row["free_step_ms"] - 1
+            row[name.replace("constrained", "overhead")] = round(ratio, 4)
         out[f"batch{bs}"] = row
         print(f"mask overhead batch {bs}: {row}", flush=True)
+    MaskFill.result = result  # type: ignore[method-assign]
     free(core)
     return out
 
@@ -231,6 +259,10 @@ def decode_rate(core: EngineCore, prompts: list[list[int]], tag: str, tokens: in
 
 
 def speculative(args: argparse.Namespace, model_dir: Path, draft_dir: Path) -> dict:
+    """Each (batch, drafter, alpha) twice: verification steps replayed as CUDA graphs
+    (the engine) and run eagerly (`runner.verify_graphs` off), same core, same reference;
+    `matches_reference`: the fraction of requests whose greedy output equals the recorded
+    continuation (speculation must not change it)."""
     rng = random.Random(1)
     prompts = {b: [random_ids(rng, 128) for _ in range(b)] for b in args.spec_batches}
     out: dict = {"k": args.k, "tokens": args.tokens}
@@ -246,37 +278,46 @@ def speculative(args: argparse.Namespace, model_dir: Path, draft_dir: Path) -> d
     )
     core = EngineCore(config(args, speculative_config=spec, enable_prefix_caching=False), model_dir)
     assert core.specdec is not None
+    graphs = core.runner.verify_graphs
+    out["verify_graphs"] = graphs is not None
     draft = core.specdec.model
     oracle = Oracle(None, core.spec.vocab_size)
     core.specdec.model = oracle  # type: ignore[assignment]
     decode_rate(core, prompts[args.spec_batches[0]], "warm", 16)
     rows = []
+    modes = ["graphs", "eager"] if graphs is not None else ["eager"]
     for b in args.spec_batches:
         # Record the continuation on the verify path (every draft rejected).
         oracle.alpha = 0.0
         _, produced = decode_rate(core, prompts[b], f"b{b}-", args.tokens)
-        for drafter, inner in (("free", None), ("draft_2layer", draft)):
-            oracle.inner = inner
+        for drafter in args.drafters:
+            oracle.inner = draft if drafter == "draft_2layer" else None
             for alpha in args.alphas:
-                oracle.alpha = alpha
-                oracle.reference = {
-                    rid.replace(f"b{b}-", f"b{b}-{drafter}-{alpha}-"): toks
-                    for rid, toks in produced.items()
-                }
-                core.specdec.stats = SpecStats()
-                rate, _ = decode_rate(core, prompts[b], f"b{b}-{drafter}-{alpha}-", args.tokens)
-                stats = core.specdec.stats
-                row = {
-                    "batch": b,
-                    "drafter": drafter,
-                    "alpha": alpha,
-                    "tok_s": round(rate, 1),
-                    "speedup": round(rate / out[f"baseline_b{b}_tok_s"], 3),
-                    "acceptance_rate": round(stats.acceptance_rate, 3),
-                    "mean_accepted_length": round(stats.mean_accepted_length, 3),
-                }
-                rows.append(row)
-                print(f"spec: {row}", flush=True)
+                for mode in modes:
+                    core.runner.verify_graphs = graphs if mode == "graphs" else None
+                    tag = f"b{b}-{drafter}-{alpha}-{mode}-"
+                    oracle.alpha = alpha
+                    oracle.reference = {
+                        rid.replace(f"b{b}-", tag): toks for rid, toks in produced.items()
+                    }
+                    core.specdec.stats = SpecStats()
+                    rate, got = decode_rate(core, prompts[b], tag, args.tokens)
+                    stats = core.specdec.stats
+                    same = sum(got.get(rid) == toks for rid, toks in oracle.reference.items())
+                    row = {
+                        "batch": b,
+                        "drafter": drafter,
+                        "alpha": alpha,
+                        "verify": mode,
+                        "tok_s": round(rate, 1),
+                        "speedup": round(rate / out[f"baseline_b{b}_tok_s"], 3),
+                        "acceptance_rate": round(stats.acceptance_rate, 3),
+                        "mean_accepted_length": round(stats.mean_accepted_length, 3),
+                        "matches_reference": round(same / len(oracle.reference), 3),
+                    }
+                    rows.append(row)
+                    print(f"spec: {row}", flush=True)
+    core.runner.verify_graphs = graphs
     out["runs"] = rows
     free(core)
     return out
@@ -290,6 +331,9 @@ def main() -> None:
     parser.add_argument("--spec-batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.6, 0.8, 1.0])
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument(
+        "--drafters", nargs="+", default=["free", "draft_2layer"], choices=["free", "draft_2layer"]
+    )
     parser.add_argument(
         "--mask-threads",
         type=int,

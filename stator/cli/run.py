@@ -50,6 +50,7 @@ WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit", "role"
 def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
     from stator.cli.worker import DOWNLOAD_FLAGS_SKIPPED
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig
@@ -59,6 +60,7 @@ def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
         ("worker", WorkerConfig, WORKER_SKIPPED),
         ("model download", DownloadConfig, DOWNLOAD_FLAGS_SKIPPED),
         ("HTTP", FrontendConfig, FRONTEND_SKIPPED),
+        ("HTTP processes", ApiServerConfig, frozenset()),
         ("router", RouterConfig, frozenset()),
     ]
 
@@ -97,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from stator.cli.frontend import check_processor
     from stator.cli.worker import build_engine_config, second_phase, worker_model_dir
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig, ModelNotFound
@@ -119,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
         WorkerConfig, parsed, migration_limit=router_config.migration_limit or 0
     )
     frontend_config = from_args(FrontendConfig, parsed)
+    servers = from_args(ApiServerConfig, parsed)
+    try:
+        servers.validate()
+    except ValueError as exc:
+        log.error("%s", exc)
+        return 2
     try:
         check_processor(frontend_config.processor)
     except RuntimeError as exc:
@@ -140,22 +149,47 @@ def run(args: argparse.Namespace) -> int:
             frontend_config,
             router_config,
             model_dir,
+            servers.api_server_count,
+            getattr(parsed, "log_level", "INFO"),
         )
     )
 
 
 async def _serve(
-    run_config, spec, engine_config, worker_config, frontend_config, router_config, model_dir
+    run_config,
+    spec,
+    engine_config,
+    worker_config,
+    frontend_config,
+    router_config,
+    model_dir,
+    api_servers=1,
+    log_level="INFO",
 ) -> int:
     """Serve under the runtime's `Lifecycle`, as `stator worker` and `stator frontend` do:
     SIGTERM/SIGINT stop HTTP service gracefully (in-flight responses finish), then the
     workers; exit 0. A second signal cuts the grace short. A worker whose engine dies, or
     a frontend that cannot serve, exits 1."""
+    from stator.cli.worker import engine_config_for_role
     from stator.frontend.server import running_frontend
     from stator.runtime import Lifecycle, Runtime, RuntimeConfig
     from stator.worker.host import WorkerHost
 
+    frontends = None
+    if api_servers > 1:
+        from stator.cli.run_api_servers import FrontendProcesses
+
+        try:
+            frontends = FrontendProcesses(
+                api_servers, run_config.namespace, frontend_config, router_config
+            )
+        except OSError as exc:
+            log.error("cannot bind the HTTP port: %s", exc)
+            return 1
+
     def runtime_config() -> RuntimeConfig:
+        if frontends is not None:  # found by the frontend processes, over TCP
+            return frontends.runtime_config
         return RuntimeConfig(namespace=run_config.namespace, discovery="mem")
 
     served = worker_config.served_name(model_dir)
@@ -167,14 +201,21 @@ async def _serve(
             config = dataclasses.replace(worker_config, role=role)
             if hasattr(engine_config, "role"):  # the mocker's own copy of the flag
                 engine_config = dataclasses.replace(engine_config, role=role)
-            engine = spec.factory(engine_config, str(model_dir), served)
+            engine = spec.factory(
+                engine_config_for_role(engine_config, role), str(model_dir), served
+            )
             host = WorkerHost(runtime, engine, config, model_dir=model_dir)
             hosts.append((host, runtime))
             await host.start()
     except Exception as exc:
         log.error("stator run failed: %s: %s", type(exc).__name__, exc)
         await _stop_all(hosts, frontend_runtime, grace=0)
+        if frontends is not None:
+            frontends.close()
         return 1
+    if frontends is not None:
+        await frontend_runtime.shutdown(grace=0)
+        return await _serve_processes(frontends, hosts, served, spec.name, log_level)
 
     http_stop = asyncio.Event()
 
@@ -205,6 +246,31 @@ async def _serve(
     for host, _ in hosts:
         host.on_fatal(lifecycle.fatal)
     return await lifecycle.run(serving)
+
+
+async def _serve_processes(frontends, hosts, served, engine_name, log_level) -> int:
+    """`--api-server-count N`: serve HTTP from N processes until a signal or a death."""
+    from stator.cli.run_api_servers import ProcessesDrain
+    from stator.runtime import Lifecycle
+
+    frontends.start(log_level)
+    grace = hosts[0][1].config.graceful_shutdown_timeout
+    lifecycle = Lifecycle(ProcessesDrain(frontends, hosts, grace))
+    for host, _ in hosts:
+        host.on_fatal(lifecycle.fatal)
+
+    async def serve() -> None:
+        await frontends.wait_for_model(served)
+        print(
+            f"stator is serving {served!r} ({engine_name} engine, {len(hosts)} worker(s), "
+            f"{frontends.count} API server processes) at {frontends.base_url}/v1",
+            flush=True,
+        )
+        await frontends.wait_exit()
+        if not lifecycle.stopping:
+            raise RuntimeError("every API server process exited")
+
+    return await lifecycle.run(serve())
 
 
 def worker_roles(config: RunConfig) -> list[str]:

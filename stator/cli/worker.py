@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     served = worker_config.served_name(model_dir)
+    engine_config = engine_config_for_role(engine_config, worker_config.role)
     try:
         engine = spec.factory(engine_config, str(model_dir), served)
     except Exception as exc:
@@ -183,6 +184,17 @@ def build_engine_config(spec: EngineSpec, namespace: argparse.Namespace) -> Any:
     return from_args(spec.config_class, namespace)
 
 
+def engine_config_for_role(config: Any, role: str) -> Any:
+    """The engine's config for a worker of `role`: the native engine's core runs in the
+    worker's process for the prefill and decode roles (their KV transfer agent needs the
+    cache at hand) unless told otherwise."""
+    if config is None or not dataclasses.is_dataclass(config):
+        return config
+    if role != "aggregated" and getattr(config, "engine_core_process", None) == "auto":
+        config = dataclasses.replace(config, engine_core_process="off")
+    return config
+
+
 def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
     if not config.model:
         from stator.models import bundled_model_dir
@@ -196,6 +208,7 @@ def worker_model_dir(config: WorkerConfig, download: DownloadConfig) -> Path:
 
 __all__ = [
     "build_engine_config",
+    "engine_config_for_role",
     "full_parser",
     "load_engine_spec",
     "register",

@@ -20,6 +20,7 @@ ITL = "stator_frontend_inter_token_latency_seconds"
 ISL = "stator_frontend_input_tokens"
 OSL = "stator_frontend_output_tokens"
 DECISIONS = "stator_global_router_decisions_total"
+FRONTEND_UP = "stator_frontend_models"
 
 
 @dataclass
@@ -256,6 +257,12 @@ class PrometheusReader:
 
     async def _read(self, window: float) -> Traffic:
         w, s = f"{max(1, round(window))}s", self.selector
+        # Every frontend exports this unlabelled gauge; when none is up (or none is
+        # scraped) the increases below are empty and would read as no traffic at all.
+        if not await self._scalar(f"count({FRONTEND_UP})"):
+            raise ObservationUnavailable(
+                f"prometheus {self.url} has no {FRONTEND_UP} series: no frontend is up or scraped"
+            )
 
         def increase(name: str) -> str:
             return f"sum(increase({name}{s}[{w}]))"

@@ -4,6 +4,7 @@ lacks one answers ok=False with a message saying so, never a crash."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -68,7 +69,9 @@ class AdminOps:
         await self.engine.clear_kv()
 
     async def _kv_state(self, args: dict[str, Any]) -> Any:
-        return self.engine.kv_state()
+        state = self.engine.kv_state()
+        # An engine whose cache lives in another process answers asynchronously.
+        return await state if inspect.isawaitable(state) else state
 
     async def _kv_release(self, args: dict[str, Any]) -> bool:
         return await self.engine.release_kv(_required_str(args, "id"))

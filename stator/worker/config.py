@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stator.config import option
+from stator.kv.transfer.config import COPIES
 from stator.runtime.names import PREFILL_COMPONENT, EndpointName
 
 DEFAULT_COMPONENT = "backend"
@@ -42,6 +43,13 @@ class WorkerConfig:
         "How KV moves between prefill and decode workers: auto (CUDA IPC between GPU "
         "processes of one host, else TCP), local (one process), ipc, tcp",
         choices=KV_TRANSFERS,
+    )
+    kv_transfer_copy: str = option(
+        "auto",
+        "Decode role, GPU pools: how blocks cross between GPUs (docs/disagg.md): push (one "
+        "kernel on the prefill GPU), pull (one kernel on this GPU, reading the prefill pool "
+        "mapped here), runs (torch copies), auto (pull)",
+        choices=list(COPIES),
     )
     kv_transfer_host: str = option(
         "",

@@ -98,6 +98,7 @@ class WorkerHost:
             self.engine.role = self.config.role  # type: ignore[assignment]
         self.engine.kv_transfer = TransferConfig(
             kind=self.config.kv_transfer,
+            copy=self.config.kv_transfer_copy,
             host=self.config.kv_transfer_host or self.runtime.config.host,
             timeout=self.config.kv_transfer_timeout,
         )

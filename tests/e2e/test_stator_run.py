@@ -180,3 +180,70 @@ def test_a_prompt_past_the_kv_cache_is_a_clear_400(fleet):
         client.completions.create(model=model.id, prompt=[7] * (model.max_model_len + 10))
     proc.signal(2)
     assert proc.wait(30) == 0
+
+
+def _core_process_pid(parent: int) -> int:
+    """The pid of `parent`'s engine core process (`--engine-core-process on`)."""
+    from pathlib import Path
+
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"stator.engines.native.core_process" in cmdline:
+                return int(child)
+    raise AssertionError("no engine core process found")
+
+
+def test_a_dead_engine_core_fails_its_streams_and_the_run_exits_1(fleet):
+    import os
+    import signal
+    import threading
+
+    proc, url = start_run(fleet, "--engine-core-process", "on", "--health-check-interval", "1")
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    out = client.chat.completions.create(
+        model="tiny-chat",
+        messages=[{"role": "user", "content": "And God said"}],
+        max_tokens=4,
+    )
+    assert out.usage.completion_tokens == 4
+    core = _core_process_pid(proc.proc.pid)
+    # Stopped first, so that the stream cannot finish before the kill (the core runs on
+    # its own: on a busy CPU it could outrun the test); killed while the request waits.
+    # The request ends with the engine's error, or (once the worker has left, as a dead
+    # worker does) a 503 naming the model: never a hang.
+    os.kill(core, signal.SIGSTOP)
+    threading.Timer(1.0, os.kill, (core, signal.SIGKILL)).start()
+    with pytest.raises(openai.APIError, match=r"engine|No live worker serves model"):
+        stream = client.chat.completions.create(
+            model="tiny-chat",
+            messages=[{"role": "user", "content": "In the beginning"}],
+            max_tokens=200,
+            stream=True,
+            timeout=60,
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason == "error":
+                raise openai.APIError("engine error finish", request=None, body=None)
+    assert proc.wait(60) == 1
+    assert "engine core" in proc.output()
+
+
+def test_api_server_count_serves_from_several_processes_and_stops_cleanly(fleet):
+    proc, url = start_run(
+        fleet, "--engine", "mocker", "--speedup-ratio", "10", "--api-server-count", "2"
+    )
+    assert "2 API server processes" in proc.output()
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    for i in range(4):  # new connections: the kernel spreads them over both processes
+        out = openai.OpenAI(base_url=url, api_key="none").chat.completions.create(
+            model="tiny-chat",
+            messages=[{"role": "user", "content": f"hello {i}"}],
+            max_tokens=5,
+            extra_body={"ignore_eos": True},
+        )
+        assert out.usage.completion_tokens == 5
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    proc.signal(15)
+    assert proc.wait(60) == 0

@@ -104,6 +104,26 @@ async def test_prometheus_down_is_unavailable_not_a_crash():
         await reader.close()
 
 
+async def test_prometheus_without_live_frontends_is_unavailable_not_zero_traffic():
+    async def query(request: web.Request) -> web.Response:
+        # Prometheus answers, but the frontends' series went stale: every result is empty.
+        return web.json_response({"status": "success", "data": {"result": []}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    reader = PrometheusReader(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(ObservationUnavailable, match="no frontend is up"):
+            await reader.read(10)
+    finally:
+        await reader.close()
+        await runner.cleanup()
+
+
 async def wait_for(condition, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -65,6 +65,14 @@ class NativeConfig:
         "Paged attention kernels; auto = triton on CUDA, torch (gather + SDPA) elsewhere",
         choices=["auto", "torch", "triton"],
     )
+    engine_core_process: str = option(
+        "auto",
+        "Run the engine core (scheduler, model, sampler) in a process of its own, fed one "
+        "batched message per step, so the worker's HTTP and asyncio work never delays a "
+        "step (vLLM does the same, VLLM_ENABLE_V1_MULTIPROCESSING); auto = on with CUDA "
+        "for aggregated workers, off on the CPU (where the step, not the host, is slow)",
+        choices=["auto", "on", "off"],
+    )
     enforce_eager: bool = option(False, "Never use CUDA graphs for decode steps")
     overlap: str = option(
         "auto",
@@ -103,10 +111,12 @@ class NativeConfig:
         "CUDA for MXFP4 checkpoints, the model dtype otherwise",
         choices=["auto", "bf16", "mxfp4"],
     )
-    cpu_offload_gb: float = option(
+    kv_offloading_size: float = option(
         0.0,
         "GiB of pinned host memory for KV blocks evicted from the GPU cache, loaded back "
-        "instead of recomputed when a prompt needs them again (0 = no host tier)",
+        "instead of recomputed when a prompt needs them again (0 = no host tier; vLLM's "
+        "name for its KV offloading buffer; its --cpu-offload-gb offloads weights)",
+        metavar="GIB",
     )
     disk_offload_dir: str = option(
         "",

@@ -10,33 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
-from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
+from stator.engines.base import Engine, EngineDead, EngineError
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.core_metrics import core_metrics
+from stator.engines.native.engine_admin import LoraAndSleep
 from stator.engines.native.engine_core import EngineCore
-from stator.engines.native.kv_handoff import ImportPlan
-from stator.engines.native.lora.adapter import load_adapter, pin_adapter
-from stator.engines.native.lora.resolve import resolve_adapter
+from stator.engines.native.engine_disagg import DisaggServing
 from stator.engines.native.models import model_class
+from stator.engines.native.native_card import CoreInfo, native_card
 from stator.kv.transfer.agent import KvTransferAgent
 from stator.kv.transfer.stats import TransferStats
 from stator.protocols import (
-    DisaggParams,
     EngineOutput,
     EngineRequest,
     KvEvent,
     LoadReport,
-    LoraInfo,
     ModelCard,
     Usage,
 )
@@ -44,19 +41,8 @@ from stator.protocols import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-)
 
-
-class NativeEngine(Engine):
+class NativeEngine(LoraAndSleep, DisaggServing, Engine):
     def __init__(self, config: NativeConfig, model_path: str, served_name: str) -> None:
         self.config = config
         self.model_path = str(model_path)
@@ -100,20 +86,6 @@ class NativeEngine(Engine):
             await self._start_transfer(self.core)
         self._refresh_load()
         self._task = asyncio.create_task(self._run(), name="native-engine-loop")
-
-    async def _start_transfer(self, core: EngineCore) -> None:
-        pool = getattr(core.runner, "kv_pool", None)
-        if pool is None or self.config.tensor_parallel_size > 1:
-            raise EngineError(
-                f"--role {self.role} needs the KV cache in one pool (tensor-parallel size 1)"
-            )
-        core.exports.timeout = self.kv_transfer.timeout
-        self.agent = KvTransferAgent(
-            self.kv_transfer, pool, pins=core.pinned, release=self.release_kv
-        )
-        if self.role == "prefill":
-            await self.agent.serve()
-            core.transfer_info = self.agent.describe()
 
     async def shutdown(self) -> None:
         if self._task is not None:
@@ -192,54 +164,6 @@ class NativeEngine(Engine):
                 self._streams.pop(rid, None)
                 await self.abort(rid)
 
-    # -- disaggregated serving -----------------------------------------------------------
-
-    async def _import(self, disagg: DisaggParams, plan: ImportPlan) -> None:
-        """Pull the plan's blocks from the prefill worker, then schedule the request (with
-        its prompt computed, or to compute it here if the pull failed), then unpin."""
-        assert self.agent is not None and disagg.prefill_request_id is not None
-        core = self._core()
-        ok = False
-        try:
-            if plan.remote:
-                result = await self.agent.pull(
-                    disagg.transfer, disagg.prefill_request_id, plan.remote, plan.local
-                )
-                self.transfers.record(result)
-                log.debug(
-                    "request %s: pulled %d blocks (%d cached here) by %s in %.2f ms",
-                    plan.request_id,
-                    result.blocks,
-                    plan.num_cached_blocks,
-                    result.kind,
-                    result.seconds * 1e3,
-                )
-            ok = True
-        except Exception as exc:
-            self.transfers.fallbacks += 1
-            log.warning(
-                "request %s: KV pull failed (%s); computing the prompt here", plan.request_id, exc
-            )
-        finally:
-            rid = plan.request_id
-            with contextlib.suppress(EngineDead):
-                await self._between_steps(lambda: core.end_import(rid, ok))
-            self._after_change()
-            self._wakeup.set()
-            self._spawn(self._release_remote(disagg))
-
-    async def _release_remote(self, disagg: DisaggParams) -> None:
-        if self.agent is not None and disagg.prefill_request_id is not None:
-            await self.agent.release(disagg.transfer, disagg.prefill_request_id)
-
-    async def release_kv(self, prefill_request_id: str) -> bool:
-        core = self.core
-        if core is None or self._dead is not None:
-            return False
-        released = await self._between_steps(lambda: core.release_export(prefill_request_id))
-        self._after_change()
-        return released
-
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._side_tasks.add(task)
@@ -265,31 +189,8 @@ class NativeEngine(Engine):
     # -- state ---------------------------------------------------------------------------
 
     def model_card(self) -> ModelCard:
-        core = self._core()
-        return ModelCard(
-            name=self.served_name,
-            source_path=self.model_path,
-            tokenizer_files=[
-                str(Path(self.model_path) / name)
-                for name in TOKENIZER_FILES
-                if (Path(self.model_path) / name).is_file()
-            ],
-            chat_template=read_chat_template(self.model_path),
-            # What one sequence can really hold: a prompt past the KV cache's capacity is
-            # refused by the frontend's context check (400), never by the engine.
-            context_length=core.max_total_tokens,
-            kv_block_size=self.config.block_size,
-            total_kv_blocks=core.blocks.num_blocks,
-            max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
-            eos_token_ids=list(core.spec.eos_token_ids),
-            structured_output=core.guidance.available,
-            prompt_embeds_hidden_size=(
-                core.spec.hidden_size if self.config.enable_prompt_embeds else 0
-            ),
-            loras=self.list_loras(),
-            engine="native",
-        )
+        info = CoreInfo.of(self._core())
+        return native_card(self.config, self.model_path, self.served_name, info, self.list_loras())
 
     def load(self) -> list[LoadReport]:
         if self._load is None:
@@ -314,147 +215,10 @@ class NativeEngine(Engine):
         await self._between_steps(self._core().clear_kv)
         self._after_change()
 
-    # -- LoRA ----------------------------------------------------------------------------
-
-    async def load_lora(self, name: str, path: str) -> LoraInfo:
-        allowed = list(self.config.lora_allowed_dirs)
-        return await self._load_lora(name, path, allowed_dirs=allowed)
-
-    async def _load_lora(
-        self, name: str, source: str, *, allowed_dirs: list[str] | None
-    ) -> LoraInfo:
-        core = self._core()
-        if not self.config.enable_lora:
-            raise Unsupported("LoRA is off: start the worker with --enable-lora")
-        if name == self.served_name:
-            raise EngineError(f"a LoRA adapter cannot take the base model's name {name!r}")
-        lock = self._lora_locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            loop = asyncio.get_running_loop()
-            # Reading and mapping the files happens off the event loop and off the step
-            # thread; the adapter is registered (between two steps) only once it is whole.
-            path = await loop.run_in_executor(
-                None, lambda: resolve_adapter(source, allowed_dirs=allowed_dirs)
-            )
-            current = core.adapters.get(name)
-            if current is not None and current.path == str(path):
-                return self._lora_info(name)
-            runner = core.runner
-            adapter = await loop.run_in_executor(
-                None,
-                lambda: load_adapter(
-                    name, path, runner.model, self.config.max_lora_rank, runner.dtype
-                ),
-            )
-            if runner.device.type == "cuda":
-                pin_adapter(adapter)
-            await self._between_steps(lambda: core.add_adapter(adapter))
-            log.info("LoRA adapter %s loaded from %s (rank %d)", name, path, adapter.rank)
-            return self._lora_info(name)
-
-    async def unload_lora(self, name: str) -> None:
-        core = self._core()
-        if not self.config.enable_lora:
-            raise Unsupported("LoRA is off: start the worker with --enable-lora")
-        async with self._lora_locks.setdefault(name, asyncio.Lock()):
-            if not await self._between_steps(lambda: core.remove_adapter(name)):
-                raise EngineError(f"LoRA adapter {name!r} is not loaded")
-        log.info("LoRA adapter %s unloaded", name)
-
-    def list_loras(self) -> list[LoraInfo]:
-        core = self.core
-        if core is None:
-            return []
-        return [self._lora_info(name) for name in sorted(core.adapters)]
-
-    def _lora_info(self, name: str) -> LoraInfo:
-        adapter = self._core().adapters[name]
-        return LoraInfo(name=name, path=adapter.path, base_model=self.served_name)
-
-    # -- sleep mode ------------------------------------------------------------------------
-
-    def _check_sleep(self) -> None:
-        if not self.config.enable_sleep_mode:
-            raise Unsupported("sleep mode is off: start the worker with --enable-sleep-mode")
-        if self.config.tensor_parallel_size > 1:
-            raise Unsupported("sleep mode does not work with tensor parallelism yet")
-        if self.config.cpu_offload_gb > 0 or self.config.disk_offload_dir:
-            # The offload tiers hold the KV pool that sleep frees and wake allocates anew.
-            raise Unsupported("sleep mode does not work with KV offload tiers yet")
-
-    async def sleep(self, level: int = 1) -> None:
-        """Level 1: weights to host memory, KV cache dropped; level 2: both dropped.
-        Requests still running end with an error; new ones are refused until `wake`."""
-        self._check_sleep()
-        if level not in (1, 2):
-            raise EngineError(f"sleep level must be 1 or 2, got {level}")
-        core = self._core()
-        async with self._sleep_lock:
-            if self._sleep_level is not None:
-                return
-            self._sleep_level = level
-            began = time.monotonic()
-            for rid in list(self._streams):
-                self._finish_stream(
-                    rid, EngineOutput(finish_reason="error", error="the engine was put to sleep")
-                )
-            loop = asyncio.get_running_loop()
-            try:
-                # In the step thread: after any step in flight, before any next one.
-                await loop.run_in_executor(self._executor, lambda: self._locked(core.sleep, level))
-            except BaseException:
-                self._sleep_level = None
-                raise
-            self._after_change()
-            log.info("asleep at level %d after %.2fs", level, time.monotonic() - began)
-
-    async def wake(self, tags: list[str] | None = None) -> None:
-        self._check_sleep()
-        core = self._core()
-        async with self._sleep_lock:
-            if self._sleep_level is None:
-                return
-            began = time.monotonic()
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._executor, lambda: self._locked(core.wake, tags))
-            if not core.asleep:
-                self._sleep_level = None
-                self._wakeup.set()
-            log.info("woke %s after %.2fs", tags or "everything", time.monotonic() - began)
-
-    def is_sleeping(self) -> bool:
-        return self._sleep_level is not None
-
-    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
-        with self._step_lock:
-            return fn(*args)
-
     def metrics(self) -> dict[str, Any]:
-        core = self.core
-        if core is None:
+        if self.core is None:
             return {}
-        out: dict[str, Any] = {
-            "native_kv_blocks_used": core.blocks.num_used_blocks,
-            "native_kv_blocks_total": core.blocks.num_blocks,
-            "kv_exports_pinned": len(core.exports),
-            "kv_exports_released_total": core.exports.num_released,
-            "kv_exports_expired_total": core.exports.num_expired,
-            "kv_imports_in_flight": len(core.importing),
-            **self.transfers.gauges(),
-            "preemptions_total": core.scheduler.num_preemptions,
-        }
-        if core.specdec is not None:
-            stats = core.specdec.stats
-            out.update(
-                native_spec_verifications=stats.steps,
-                native_spec_draft_tokens=stats.drafted,
-                native_spec_accepted_tokens=stats.accepted,
-                native_spec_acceptance_rate=stats.acceptance_rate,
-                native_spec_mean_accepted_length=stats.mean_accepted_length,
-            )
-        if core.offload is not None:
-            out.update(core.offload.metrics())
-        return out
+        return {**core_metrics(self.core), **self.transfers.gauges()}
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -557,18 +321,3 @@ class NativeEngine(Engine):
         if self.core is None:
             raise RuntimeError("the engine is not started (call start() first)")
         return self.core
-
-
-def read_chat_template(model_dir: str | Path) -> str | None:
-    model_dir = Path(model_dir)
-    jinja = model_dir / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    config = model_dir / "tokenizer_config.json"
-    if not config.is_file():
-        return None
-    template = json.loads(config.read_text()).get("chat_template")
-    if isinstance(template, list):  # named templates: take the default one
-        named = {t.get("name"): t.get("template") for t in template}
-        return named.get("default") or next(iter(named.values()), None)
-    return template

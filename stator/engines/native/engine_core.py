@@ -8,10 +8,7 @@ runs one step ahead of the host (`overlap.py`); outputs then arrive one step lat
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,11 +17,13 @@ from stator.engines.base import EngineError
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.core_disagg import DisaggCore
+from stator.engines.native.core_offload import OffloadCore
+from stator.engines.native.core_outputs import OutputEmitter, PromptLogprobRows
 from stator.engines.native.guided import Guidance
-from stator.engines.native.kv_handoff import ExportTable, ImportPlan, import_plan
+from stator.engines.native.kv_handoff import ExportTable, ImportPlan
 from stator.engines.native.lora.adapter import LoraAdapter
 from stator.engines.native.overlap import (
-    PLACEHOLDER,
     PendingStep,
     deferrable,
     patch_inputs,
@@ -33,33 +32,20 @@ from stator.engines.native.overlap import (
 )
 from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence, Status
-from stator.engines.native.sampler import Sampler, gather_logprobs
+from stator.engines.native.sampler import Sampler
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler
 from stator.engines.native.spec import SpecDecoder, make_spec_decoder
 from stator.engines.native.tp_runner import make_runner
-from stator.kv.offload import OffloadManager
-from stator.kv.offload.manager import GiB
 from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
 from stator.protocols import (
-    DisaggParams,
     EngineOutput,
     EngineRequest,
     KvEvent,
     LoadReport,
-    TokenLogprob,
-    Usage,
 )
 
 
-@dataclass
-class _PromptLogprobRows:
-    seq: Sequence
-    first_row: int  # row in the logits tensor
-    first_target: int  # prompt position of the first token these rows predict
-    count: int
-
-
-class EngineCore:
+class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
     def __init__(
         self,
         config: NativeConfig,
@@ -123,31 +109,6 @@ class EngineCore:
         self._pending: PendingStep | None = None  # a launched step not yet read back
         self.adapters: dict[str, LoraAdapter] = {}  # loaded LoRA adapters by name
 
-    def _make_offload(self, model_dir: str | Path) -> OffloadManager | None:
-        cfg = self.config
-        if cfg.cpu_offload_gb <= 0 and not cfg.disk_offload_dir:
-            return None
-        if cfg.tensor_parallel_size > 1:
-            raise ValueError(
-                "KV offload (--cpu-offload-gb) does not support tensor parallelism yet"
-            )
-        if not cfg.enable_prefix_caching:
-            raise ValueError("KV offload needs prefix caching (blocks are found by their hash)")
-        if cfg.disk_offload_dir and cfg.disk_offload_gb <= 0:
-            raise ValueError("--disk-offload-dir needs --disk-offload-gb")
-        pool = self.runner.kv_pool
-        assert pool is not None
-        return OffloadManager(
-            pool,
-            block_size=cfg.block_size,
-            host_bytes=int(cfg.cpu_offload_gb * GiB),
-            disk_dir=cfg.disk_offload_dir or None,
-            disk_bytes=int(cfg.disk_offload_gb * GiB),
-            policy=cfg.kv_load_policy,
-            layout_id=_layout_id(self.spec, Path(model_dir), cfg.load_format),
-            emit=self.blocks.emit,
-        )
-
     # -- requests ------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
@@ -184,84 +145,6 @@ class EngineCore:
         disagg = request.disagg
         seq.export = disagg is not None and disagg.prefill_worker_id is None
         return seq
-
-    # -- disaggregated serving -----------------------------------------------------------
-
-    def begin_import(self, request: EngineRequest) -> ImportPlan | None:
-        """A decode request whose prompt KV is pinned on a prefill worker: allocate its
-        blocks (taking what the prefix cache holds) and return which remote blocks to pull
-        into which local ones. None: it was queued to prefill here instead (no room now,
-        or nothing to pull)."""
-        seq = self._new_sequence(request)
-        disagg = request.disagg
-        assert disagg is not None
-        num_remote = min(disagg.num_prompt_tokens, seq.num_tokens - 1)
-        usable = (
-            disagg.block_size == self.config.block_size
-            and num_remote > 0
-            and not seq.wants_prompt_logprobs
-            and self.blocks.admit(seq, seq.num_tokens)
-        )
-        self.seqs[seq.request_id] = seq
-        if not usable:
-            self.scheduler.add(seq)
-            return None
-        plan = import_plan(seq, disagg.remote_block_ids, num_remote, self.config.block_size)
-        plan.num_tokens = num_remote
-        self.importing[seq.request_id] = plan
-        return plan
-
-    def end_import(self, request_id: str, ok: bool) -> None:
-        """The pull of `begin_import`'s plan is over: schedule the sequence with its prompt
-        computed, or (`ok` False) to compute it here."""
-        plan = self.importing.pop(request_id)
-        seq = plan.seq
-        assert seq is not None
-        if plan.aborted:  # `abort` came while the bytes were moving
-            self.blocks.free(seq)
-            return
-        if ok:
-            seq.num_computed_tokens = plan.num_tokens
-            self.blocks.commit(seq)
-        else:
-            self.blocks.free(seq)
-            seq.num_computed_tokens = 0
-            seq.num_cached_tokens = None
-        self.scheduler.add(seq)
-
-    def pinned(self, pin_id: str) -> list[int] | None:
-        export = self.exports.get(pin_id)
-        return None if export is None else export.block_ids
-
-    def release_export(self, pin_id: str) -> bool:
-        seq = self.exports.release(pin_id)
-        if seq is None:
-            return False
-        self.blocks.free(seq)
-        return True
-
-    def expire_exports(self) -> int:
-        expired = self.exports.expire()
-        for seq in expired:
-            self.blocks.free(seq)
-        return len(expired)
-
-    def _export(self, seq: Sequence, out: EngineOutput) -> None:
-        """Pin a finished prefill's prompt blocks and say where they are."""
-        if self.exports.get(seq.request_id) is not None:
-            self.release_export(seq.request_id)
-        export = self.exports.pin(
-            seq.request_id, seq, seq.num_prompt_tokens, self.config.block_size
-        )
-        out.disagg = DisaggParams(
-            prefill_worker_id=self.worker_id,
-            remote_block_ids=export.block_ids,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            transfer=self.transfer_info,
-            prefill_request_id=export.pin_id,
-            block_size=self.config.block_size,
-            expires_in=self.exports.timeout,
-        )
 
     def _adapter(self, name: str | None) -> LoraAdapter | None:
         if not name:
@@ -385,21 +268,6 @@ class EngineCore:
             self.offload.observe_prefill(sum(news), time.perf_counter() - started)
         return outputs
 
-    def _move_blocks(self) -> None:
-        """Between scheduling and the step's kernels: save what the GPU tier evicted
-        (before the step overwrites it), start the loads admission asked for, and give
-        back the blocks of loads that have finished."""
-        offload, blocks = self.offload, self.blocks
-        assert offload is not None
-        with torch.inference_mode():
-            if blocks.evicted:
-                offload.save(blocks.evicted)
-                blocks.evicted = []
-            for hashes, block_ids in blocks.loads:
-                blocks.release(offload.load(hashes, block_ids))
-            blocks.loads = []
-            blocks.release(offload.poll())
-
     def _run(
         self, batch: ScheduledBatch, pending: PendingStep | None
     ) -> list[tuple[str, EngineOutput]]:
@@ -410,14 +278,14 @@ class EngineCore:
         sample_seqs: list[Sequence] = []
         rows: list[int] = []  # flat token index of each logits row
         sample_idx: list[int] = []  # which logits rows are sampled
-        prompt_rows: list[_PromptLogprobRows] = []
+        prompt_rows: list[PromptLogprobRows] = []
         offset = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start = seq.num_computed_tokens
             if seq.wants_prompt_logprobs and start < seq.num_prompt_tokens - 1:
                 # Position p's logits predict prompt token p + 1.
                 end = min(start + n, seq.num_prompt_tokens - 1)
-                prompt_rows.append(_PromptLogprobRows(seq, len(rows), start + 1, end - start))
+                prompt_rows.append(PromptLogprobRows(seq, len(rows), start + 1, end - start))
                 rows.extend(range(offset, offset + end - start))
             k = specdec.num_drafts(seq) if specdec is not None else 0
             if k and start + n == seq.num_tokens:
@@ -437,6 +305,8 @@ class EngineCore:
         dst, src = placeholder_rows(batch.seqs, batch.num_new_tokens, pending)
         if dst and pending is not None:
             patch_inputs(inputs.input_ids, pending, dst, src)
+        if pending is not None:
+            pending.draw()  # its masks were filled while this step was prepared
         if self.offload is not None:
             self.offload.wait_for(b for seq in batch.seqs for b in seq.block_ids)
         logits = self.runner.execute(inputs)
@@ -454,10 +324,8 @@ class EngineCore:
                 # A grammar's next mask needs the previous token: read it now (the device
                 # has this step's forward pass queued, so it is not left idle).
                 outputs, pending = self._resolve(pending), None
-            tokens = self.sampler.sample_tokens(
-                self._rows(logits, sample_idx), sample_seqs, self._constraint(sample_seqs)
-            )
-            self._pending = PendingStep.launch(sample_seqs, tokens)
+            rows = self._rows(logits, sample_idx)
+            self._pending = self.guidance.launch_sampling(self.sampler, rows, sample_seqs)
             for seq in sample_seqs:
                 if seq.status is not Status.FINISHED:
                     self._add_placeholder(seq)
@@ -484,7 +352,7 @@ class EngineCore:
         result = self.sampler.sample(
             self._rows(logits, [sample_idx[i] for i in live]),
             live_seqs,
-            self._constraint(live_seqs),
+            self.guidance.constraint(live_seqs),
         )
         for seq, token, logprob in zip(live_seqs, result.token_ids, result.logprobs, strict=True):
             seq.token_ids.append(token)
@@ -492,107 +360,10 @@ class EngineCore:
             outputs.append((seq.request_id, out))
         return outputs
 
-    def _constraint(self, seqs: list[Sequence]):
-        """Structured output's masks for these rows (filled now, on the host, while the
-        device computes the logits), or None when no row is constrained."""
-        masks = self.guidance.masks(seqs)
-        if masks is None:
-            return None
-        return lambda logits, guard: self.guidance.apply(logits, masks, guard)
-
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(logits.shape[0])):
             return logits  # a decode step: every row is sampled, in order
         return logits.index_select(0, to_device(rows, logits.device))
-
-    def _add_placeholder(self, seq: Sequence) -> None:
-        seq.token_ids.append(PLACEHOLDER)
-        sp = seq.sampling
-        if seq.num_output_tokens >= sp.max_tokens or seq.num_tokens >= seq.max_total_tokens:
-            # It ends with this token whatever the token is: no step after it.
-            self.scheduler.retire(seq)
-
-    def _resolve(self, pending: PendingStep) -> list[tuple[str, EngineOutput]]:
-        """Read a deferred step's tokens and emit them; a sequence finished or aborted
-        since then has its token discarded."""
-        outputs = []
-        tokens = pending.tokens()
-        for seq, pos, token in zip(pending.seqs, pending.positions, tokens, strict=True):
-            if seq.status is Status.FINISHED:
-                continue
-            seq.token_ids[pos] = token
-            outputs.append((seq.request_id, self._accept_token(seq, pos, None)))
-        return outputs
-
-    def _add_prompt_logprobs(self, pr: _PromptLogprobRows, logits: torch.Tensor) -> None:
-        seq = pr.seq
-        lp = torch.log_softmax(logits[pr.first_row : pr.first_row + pr.count], dim=-1)
-        targets = torch.tensor(
-            seq.token_ids[pr.first_target : pr.first_target + pr.count], device=lp.device
-        )
-        entries = gather_logprobs(lp, targets, [seq.sampling.prompt_logprobs] * pr.count)
-        for i, entry in enumerate(entries):
-            # After a preemption the prompt is recomputed; keep the first copy.
-            if pr.first_target + i == len(seq.prompt_logprobs):
-                seq.prompt_logprobs.append(entry)
-
-    def _emit_tokens(self, seq: Sequence, count: int) -> EngineOutput:
-        """The last `count` tokens of `seq` are known: one output for all of them (the
-        stop rules apply token by token; a stop drops the tokens after it)."""
-        first = seq.num_tokens - count
-        merged: EngineOutput | None = None
-        for pos in range(first, first + count):
-            out = self._accept_token(seq, pos, None)
-            if merged is None:
-                merged = out
-            else:
-                merged.token_ids.extend(out.token_ids)
-                merged.finish_reason, merged.stop_token_id = out.finish_reason, out.stop_token_id
-                merged.usage, merged.error = out.usage, out.error
-            if out.finish_reason is not None:
-                break
-        assert merged is not None
-        return merged
-
-    def _accept_token(self, seq: Sequence, pos: int, logprob: TokenLogprob | None) -> EngineOutput:
-        """The token at `pos` is known: emit it and apply the stop rules as of that token
-        (a later position may hold the placeholder of a step already launched)."""
-        sp = seq.sampling
-        token = seq.token_ids[pos]
-        num_output = pos + 1 - seq.num_prompt_tokens
-        out = EngineOutput(token_ids=[token])
-        if sp.logprobs is not None and logprob is not None:
-            out.logprobs = [logprob]
-        if seq.num_emitted == 0:
-            out.cached_tokens = seq.num_cached_tokens or 0
-            if sp.prompt_logprobs is not None:
-                out.prompt_logprobs = seq.prompt_logprobs
-        seq.num_emitted += 1
-        done_min = num_output >= sp.min_tokens
-        broken = self.guidance.accept(seq, token) if seq.matcher is not None else None
-        if broken is not None:
-            out.finish_reason, out.error = "error", broken
-        elif token in sp.hidden_stop_token_ids and done_min:
-            out.token_ids, out.logprobs = [], None
-            out.finish_reason, out.stop_token_id = "stop", token
-        elif token in sp.stop_token_ids and done_min:
-            out.finish_reason, out.stop_token_id = "stop", token
-        elif num_output >= sp.max_tokens or pos + 1 >= seq.max_total_tokens:
-            out.finish_reason = "length"
-        if out.finish_reason is not None:
-            del seq.token_ids[pos + 1 :]  # a speculative next token is never emitted
-            out.usage = Usage(
-                prompt_tokens=seq.num_prompt_tokens,
-                completion_tokens=seq.num_output_tokens,
-                cached_tokens=seq.num_cached_tokens or 0,
-            )
-            self.seqs.pop(seq.request_id, None)
-            if seq.export and out.finish_reason == "length":
-                self.scheduler.detach(seq)
-                self._export(seq, out)
-            else:
-                self.scheduler.remove(seq)
-        return out
 
     # -- state for the worker host -------------------------------------------------------
 
@@ -614,14 +385,3 @@ class EngineCore:
 
     def clear_kv(self) -> None:
         self.blocks.clear()
-
-
-def _layout_id(spec: ModelSpec, model_dir: Path, load_format: str) -> str:
-    """Names the model whose KV a disk tier holds: its config and weights' files (names,
-    sizes, times), so a tier is never read back into another model."""
-    digest = hashlib.sha256(json.dumps(spec.raw, sort_keys=True).encode())
-    digest.update(load_format.encode())
-    for f in sorted(model_dir.glob("*.safetensors")):
-        st = f.stat()
-        digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]

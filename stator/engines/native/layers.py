@@ -62,6 +62,10 @@ class Linear(nn.Linear):
             p.weight_loader = self.load_shard  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # LoRA's shrink goes first, while x (just written) is still in L2; the base matmul
+        # streams its weights through L2 after it.
+        batch = current_lora() if self.lora is not None else None
+        pending = self.lora.shrink(x, batch) if batch is not None else None
         cfg = self.gemv_config
         if cfg is not None and x.dim() == 2 and x.shape[0] <= 8 and x.stride(1) == 1:
             from stator.engines.native.kernels.gemv import gemv
@@ -71,10 +75,8 @@ class Linear(nn.Linear):
                 y = y + self.bias
         else:
             y = super().forward(x)
-        if self.lora is not None:
-            batch = current_lora()
-            if batch is not None:
-                y = self.lora.apply(x, y, batch)
+        if pending is not None:
+            y = self.lora.expand(pending, y, batch)
         return y
 
     def shard_slices(self) -> dict[Any, slice]:

@@ -25,6 +25,7 @@ from stator.engines.native.models import model_class
 from stator.engines.native.overlap import to_device
 from stator.engines.native.request import Sequence
 from stator.engines.native.sleep import Offloaded, offload_model, restore_model
+from stator.engines.native.spec.config import MAX_VERIFY_BATCH, verify_tokens
 from stator.kv.block_copy import pool_shape
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ class StepInputs:
     logits_rows: torch.Tensor  # rows of the hidden states to turn into logits
     # One token per sequence and one logits row per token, in order (CUDA-graph eligible).
     plain_decode: bool = False
+    # Every sequence computes this many tokens, each with a logits row, in order (a
+    # speculative verification step when > 1: verify graphs); 0 when they differ.
+    rows_per_seq: int = 0
 
 
 class ModelRunner:
@@ -127,6 +131,7 @@ class ModelRunner:
         if self.device.type == "cuda" and config.tune_gemv and half:
             self._choose_gemv()
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None  # speculative decoding's (spec/)
         self.kv_pool: torch.Tensor | None = None
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
@@ -144,21 +149,29 @@ class ModelRunner:
             max_batch = min(config.max_graph_batch or config.max_num_seqs, 512)
             if prepare:
                 self._prepare_graphs(max_batch)
-            self.graphs = DecodeGraphs(
-                self.model,
-                self.backend,
-                max_batch=max_batch,
-                max_blocks_per_seq=-(-self.max_model_len // self.block_size),
-                max_model_len=self.max_model_len,
-                block_size=self.block_size,
-                sliding_window=self.sliding_window,
-                device=self.device,
-                lora_slots=config.max_loras if self.lora_slots is not None else 0,
-                lora_workspace=(
-                    self.lora_slots.workspace_shape() if self.lora_slots is not None else None
-                ),
-            )
+            self.graphs = self._graphs(max_batch, 1)
             self.graphs.capture()
+            q = verify_tokens(config.speculative_config)
+            if q and self.lora_slots is None:
+                self.verify_graphs = self._graphs(min(max_batch, MAX_VERIFY_BATCH), q)
+                self.verify_graphs.capture()
+
+    def _graphs(self, max_batch: int, tokens_per_seq: int) -> DecodeGraphs:
+        return DecodeGraphs(
+            self.model,
+            self.backend,
+            max_batch=max_batch,
+            max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            sliding_window=self.sliding_window,
+            device=self.device,
+            lora_slots=self.config.max_loras if self.lora_slots is not None else 0,
+            lora_workspace=(
+                self.lora_slots.workspace_shape() if self.lora_slots is not None else None
+            ),
+            tokens_per_seq=tokens_per_seq,
+        )
 
     # -- sleep mode ----------------------------------------------------------------------
 
@@ -172,7 +185,7 @@ class ModelRunner:
         dropped), the KV cache, the LoRA slots and the decode graphs."""
         if self.asleep:
             return
-        self.graphs = None  # its memory pool goes with it
+        self.graphs = self.verify_graphs = None  # their memory pools go with them
         self._asleep = offload_model(self.model, level)
         self._allocate_kv(0)
         if self.lora_slots is not None:
@@ -375,13 +388,13 @@ class ModelRunner:
                 ctx.lora.workspace = torch.zeros(
                     layers, tokens, width, dtype=torch.float32, device=dev
                 )
+        every_row = logits_rows == list(range(len(input_ids))) and not embed_rows
         return StepInputs(
             input_ids=to_device(input_ids, dev),
             ctx=ctx,
             logits_rows=to_device(logits_rows, dev),
-            plain_decode=max(num_new) == 1
-            and logits_rows == list(range(len(seqs)))
-            and not embed_rows,
+            plain_decode=max(num_new) == 1 and every_row,
+            rows_per_seq=num_new[0] if every_row and len(set(num_new)) == 1 else 0,
         )
 
     def step_scope(self, decode: bool, tokens: int) -> contextlib.AbstractContextManager:
@@ -401,6 +414,14 @@ class ModelRunner:
             and graphs.fits(inputs.input_ids.shape[0], inputs.ctx.block_tables.shape[1])
         ):
             return graphs.run(inputs.input_ids, inputs.ctx).float()
+        verify = self.verify_graphs
+        if (
+            verify is not None
+            and inputs.rows_per_seq == verify.tokens_per_seq
+            and inputs.ctx.lora is None
+            and verify.fits(inputs.ctx.block_tables.shape[0], inputs.ctx.block_tables.shape[1])
+        ):
+            return verify.run(inputs.input_ids, inputs.ctx).float()
         self.backend.plan(inputs.ctx, self.sliding_window)
         set_context(inputs.ctx)
         try:

@@ -12,7 +12,7 @@ always has work queued while the host does its bookkeeping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
@@ -45,27 +45,64 @@ def deferrable(seqs: list[Sequence]) -> bool:
     )
 
 
-@dataclass(eq=False)
 class PendingStep:
-    """A launched step whose sampled tokens the host has not read yet."""
+    """A launched step whose sampled tokens the host has not read yet.
 
-    seqs: list[Sequence]  # sampled sequences, in the order of `device_tokens`
-    positions: list[int]  # where each one's token goes in its `token_ids`
-    device_tokens: torch.Tensor  # [len(seqs)] int64 on the device
-    host_tokens: torch.Tensor  # the same, being copied to (pinned) host memory
-    ready: torch.cuda.Event | None  # recorded after the copy; None on the CPU
+    A step with structured output may not have sampled yet (`later`): its masks are
+    being filled on the grammar thread while the host prepares the next step, and its
+    tokens are drawn when that step first needs them (`device_tokens`, `tokens`)."""
+
+    def __init__(
+        self,
+        seqs: list[Sequence],
+        tokens: torch.Tensor | None = None,
+        sample: Callable[[], torch.Tensor] | None = None,
+    ) -> None:
+        self.seqs = seqs  # sampled sequences, in the order of `device_tokens`
+        self.positions = [s.num_tokens for s in seqs]  # where each token goes
+        self._sample = sample
+        self._device_tokens: torch.Tensor | None = None
+        self._host_tokens: torch.Tensor | None = None
+        self._ready: torch.cuda.Event | None = None  # recorded after the copy
+        if tokens is not None:
+            self._read_back(tokens)
 
     @classmethod
     def launch(cls, seqs: list[Sequence], tokens: torch.Tensor) -> PendingStep:
         """Start reading `tokens` back; call before the sequences get their placeholder."""
-        positions = [s.num_tokens for s in seqs]
+        return cls(seqs, tokens=tokens)
+
+    @classmethod
+    def later(cls, seqs: list[Sequence], sample: Callable[[], torch.Tensor]) -> PendingStep:
+        """A step whose tokens `sample()` draws on first use; call before the sequences
+        get their placeholder."""
+        return cls(seqs, sample=sample)
+
+    def _read_back(self, tokens: torch.Tensor) -> None:
+        self._device_tokens = tokens
         if tokens.device.type != "cuda":
-            return cls(seqs, positions, tokens, tokens, None)
+            self._host_tokens = tokens
+            return
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
-        ready = torch.cuda.Event()
-        ready.record()
-        return cls(seqs, positions, tokens, host, ready)
+        self._ready = torch.cuda.Event()
+        self._ready.record()
+        self._host_tokens = host
+
+    def draw(self) -> None:
+        """Sample a `later` step now (if not yet). Before the next forward pass is
+        launched: the logits may be a CUDA graph's output buffer that it overwrites."""
+        if self._device_tokens is None:
+            assert self._sample is not None
+            sample, self._sample = self._sample, None
+            self._read_back(sample())
+
+    @property
+    def device_tokens(self) -> torch.Tensor:
+        """[len(seqs)] int64 on the device (sampled now if not yet)."""
+        self.draw()
+        assert self._device_tokens is not None
+        return self._device_tokens
 
     def index_of(self) -> dict[int, int]:
         """id(seq) -> row of its token in `device_tokens`."""
@@ -73,9 +110,11 @@ class PendingStep:
 
     def tokens(self) -> list[int]:
         """The sampled tokens on the host; waits for this step's copy only."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host_tokens.tolist()
+        self.draw()
+        if self._ready is not None:
+            self._ready.synchronize()
+        assert self._host_tokens is not None
+        return self._host_tokens.tolist()
 
 
 def placeholder_rows(

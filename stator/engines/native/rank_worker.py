@@ -27,10 +27,12 @@ from stator.engines.native.tp_runner import ShardedModelRunner, rank_device
 log = logging.getLogger("stator.engines.native.rank_worker")
 
 
-def _exit_when_rank0_is_gone() -> None:
+def exit_when_parent_is_gone() -> None:
+    """Exit once stdin closes: the parent (rank 0, or the worker host of a core process)
+    holds the pipe's other end, so it closes when the parent stops or dies."""
     while sys.stdin.buffer.read(1 << 16):
         pass
-    os._exit(0)  # rank 0 closed the pipe or died; a collective may be blocked: no cleanup
+    os._exit(0)  # the parent closed the pipe or died; a collective may be blocked: no cleanup
 
 
 def main(argv: list[str]) -> int:
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s tp-rank{rank} %(name)s %(message)s"
     )
-    threading.Thread(target=_exit_when_rank0_is_gone, name="rank0-watch", daemon=True).start()
+    threading.Thread(target=exit_when_parent_is_gone, name="rank0-watch", daemon=True).start()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where it hangs
     config = NativeConfig(**args["config"])  # exactly as rank 0 runs it
     if config.cpu_threads > 0:

@@ -37,10 +37,10 @@ class VllmConfig:
     connector: list[str] = option(
         [],
         "KV connectors to build vLLM's kv_transfer_config from, comma-separated, chained in "
-        "order with MultiConnector: offload (vLLM's CPU offloading), lmcache, nixl, kvbm, none "
-        "(a --kv-transfer-config of your own wins)",
+        "order with MultiConnector: offload (vLLM's CPU offloading, --kv-offloading-size GiB, "
+        "default 8), lmcache, nixl, kvbm, none; a prefill or decode role's connector leads "
+        "the chain (a --kv-transfer-config of your own wins)",
     )
-    offload_connector_gb: float = option(8.0, "GiB of pinned host memory for --connector offload")
     # vLLM `AsyncEngineArgs` fields given on the command line (name -> value); only the
     # ones that differ from vLLM's defaults. Not a flag of its own: see `from_namespace`.
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict, init=False)

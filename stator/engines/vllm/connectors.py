@@ -4,9 +4,9 @@ One name gives that connector's `KVTransferConfig`; several give vLLM's `MultiCo
 over them in the order given (it loads from the first that has a prompt's blocks and saves
 to all). A `--kv-transfer-config` of the user's own wins over `--connector`.
 
-- `offload`: vLLM's native CPU offloading (`OffloadingConnector`), `--offload-connector-gb`
-  of pinned host memory; its KV events carry `medium="CPU"`, which stator relays as the
-  host tier (`stator.engines.vllm.kv_events.tier_of`).
+- `offload`: vLLM's native CPU offloading (`OffloadingConnector`), `--kv-offloading-size`
+  GiB of pinned host memory (vLLM's own flag; 8 when not given); its KV events carry
+  `medium="CPU"`, which stator relays as the host tier (`stator.engines.vllm.kv_events.tier_of`).
 - `lmcache`: LMCache (`LMCacheConnectorV1`; needs the lmcache package).
 - `nixl`: NIXL KV transfer between workers (`NixlConnector`; disaggregated serving).
 - `kvbm`: Dynamo's KV block manager (`DynamoConnector` from the kvbm package).
@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 GiB = 1 << 30
+DEFAULT_OFFLOAD_GIB = 8.0
 
 _BASE: dict[str, dict[str, Any]] = {
     "offload": {"kv_connector": "OffloadingConnector"},
@@ -31,22 +32,30 @@ _BASE: dict[str, dict[str, Any]] = {
 CONNECTORS = [*_BASE, "none"]
 
 
-def transfer_config(names: list[str], offload_gb: float = 8.0) -> dict[str, Any] | None:
-    """The `KVTransferConfig` fields for these connectors (None: no connector)."""
+def transfer_config(
+    names: list[str],
+    offload_gib: float = DEFAULT_OFFLOAD_GIB,
+    first: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The `KVTransferConfig` fields for these connectors (None: no connector). `first`, a
+    connector's own fields, leads the chain: a disaggregated role's connector, which must
+    see a decode request before an offloading connector could claim its prompt."""
     unknown = [n for n in names if n not in CONNECTORS]
     if unknown:
         raise ValueError(f"unknown --connector {unknown}; choose from {CONNECTORS}")
     chosen = [n for n in dict.fromkeys(names) if n != "none"]
-    if not chosen:
-        return None
-    configs = []
+    configs = [first] if first is not None else []
     for name in chosen:
         cfg: dict[str, Any] = {**_BASE[name], "kv_role": "kv_both"}
+        if first is not None and cfg["kv_connector"] == first["kv_connector"]:
+            continue  # the role's connector already leads the chain
         if name == "offload":
-            if offload_gb <= 0:
-                raise ValueError("--connector offload needs --offload-connector-gb > 0")
-            cfg["kv_connector_extra_config"] = {"cpu_bytes_to_use": int(offload_gb * GiB)}
+            if offload_gib <= 0:
+                raise ValueError("--connector offload needs --kv-offloading-size > 0")
+            cfg["kv_connector_extra_config"] = {"cpu_bytes_to_use": int(offload_gib * GiB)}
         configs.append(cfg)
+    if not configs:
+        return None
     if len(configs) == 1:
         return configs[0]
     return {

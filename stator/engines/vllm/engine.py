@@ -28,7 +28,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.vllm.config import VllmConfig
-from stator.engines.vllm.connectors import transfer_config
+from stator.engines.vllm.connectors import DEFAULT_OFFLOAD_GIB, transfer_config
 from stator.engines.vllm.disagg import kv_transfer_config, prefill_params, request_kv_params
 from stator.engines.vllm.kv_events import KvEventRelay
 from stator.engines.vllm.lora import LoraSet, local_adapter_dir
@@ -44,10 +44,15 @@ KV_TOPIC = "kv"
 
 
 def engine_args(
-    config: VllmConfig, model_path: str, served_name: str, kv_endpoint: str | None = None
+    config: VllmConfig,
+    model_path: str,
+    served_name: str,
+    kv_endpoint: str | None = None,
+    role_connector: dict[str, Any] | None = None,
 ) -> AsyncEngineArgs:
     """vLLM's engine arguments: the user's, plus what stator needs (prefix caching, stats
-    for metrics, the KV event publisher sending to `kv_endpoint`, a free LoRA slot)."""
+    for metrics, the KV event publisher sending to `kv_endpoint`, a free LoRA slot, the KV
+    connectors: `role_connector`, a prefill or decode role's, leads `--connector`'s)."""
     kwargs: dict[str, Any] = {
         "enable_prefix_caching": True,
         **config.engine_args,
@@ -59,10 +64,31 @@ def engine_args(
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic=KV_TOPIC
         )
-    connectors = transfer_config(config.connector, config.offload_connector_gb)
+    names = list(config.connector)
+    offload_gib = kwargs.get("kv_offloading_size")
+    if (
+        offload_gib is not None
+        and (names or role_connector)
+        and not kwargs.get("kv_transfer_config")
+    ):
+        # vLLM turns --kv-offloading-size into a kv_transfer_config of its own that would
+        # replace this chain (and a role's connector with it): chain its connector here.
+        if kwargs.pop("kv_offloading_backend", "native") != "native":
+            raise ValueError(
+                "--kv-offloading-backend lmcache cannot chain with --connector or a prefill / "
+                "decode role: name lmcache in --connector instead"
+            )
+        del kwargs["kv_offloading_size"]
+        names.append("offload")
+    connectors = transfer_config(
+        names, DEFAULT_OFFLOAD_GIB if offload_gib is None else offload_gib, role_connector
+    )
     if connectors is not None:
         if kwargs.get("kv_transfer_config") is not None:
-            log.warning("--kv-transfer-config given: --connector %s ignored", config.connector)
+            log.warning(
+                "--kv-transfer-config given: it must name every connector (ignored: %s)",
+                connectors["kv_connector"],
+            )
         else:
             kwargs["kv_transfer_config"] = KVTransferConfig(**connectors)
     if kwargs.get("enable_lora") and "max_loras" not in config.engine_args:
@@ -83,6 +109,12 @@ class VllmEngine(Engine):
         self._dead: str | None = None
         self._dead_event = asyncio.Event()
         self._card: ModelCard | None = None
+        self._role_connector: dict[str, Any] | None = None
+
+    def _engine_args(self, kv_endpoint: str | None = None) -> AsyncEngineArgs:
+        return engine_args(
+            self.config, self.model_path, self.served_name, kv_endpoint, self._role_connector
+        )
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -91,16 +123,14 @@ class VllmEngine(Engine):
         if self.args.enable_lora:
             # vLLM's add_lora/remove_lora at run time need this switch.
             os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        connector = kv_transfer_config(self.role, current_platform.is_cuda_alike())
-        if connector is not None and self.args.kv_transfer_config is None:
-            self.config.engine_args["kv_transfer_config"] = KVTransferConfig(**connector)
-            self.args = engine_args(self.config, self.model_path, self.served_name)
+        # A prefill or decode role's connector leads the chain of --connector's (vLLM's
+        # MultiConnector), so offloading and disaggregation work together.
+        self._role_connector = kv_transfer_config(self.role, current_platform.is_cuda_alike())
+        self.args = self._engine_args()
         decoder = msgspec.msgpack.Decoder(KVEventBatch)
         if self.config.kv_events and self.args.kv_events_config is None:
             self._relay = KvEventRelay.on_loopback(KV_TOPIC, decoder)
-            self.args = engine_args(
-                self.config, self.model_path, self.served_name, self._relay.endpoint
-            )
+            self.args = self._engine_args(self._relay.endpoint)
         # Start-up (spawning EngineCore, loading, profiling) blocks for seconds: keep the
         # event loop (and the runtime's heartbeats) going meanwhile.
         try:

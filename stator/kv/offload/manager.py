@@ -87,7 +87,7 @@ class OffloadManager:
         slots = host_bytes // self.block_bytes
         if slots < 1:
             raise ValueError(
-                f"--cpu-offload-gb holds no block ({self.block_bytes} bytes each); "
+                f"--kv-offloading-size holds no block ({self.block_bytes} bytes each); "
                 "the disk tier also needs a host tier to stage through"
             )
         self.host = HostTier(slots, block_shape(pool), pool.dtype, pin=pool.is_cuda)

@@ -6,12 +6,16 @@ from dataclasses import dataclass
 
 # NIXL (RDMA across hosts) is not among them yet: docs/disagg.md, "Not done".
 KINDS = ("auto", "local", "ipc", "tcp")
+# How blocks are copied between two pools one process addresses (`copy.METHODS`).
+COPIES = ("auto", "push", "pull", "runs")
 
 
 @dataclass
 class TransferConfig:
     # auto: same process -> local, same host and both pools on CUDA -> ipc, else tcp.
     kind: str = "auto"
+    # local / ipc transports: `copy.copy_blocks`' method.
+    copy: str = "auto"
     # Address the prefill side's transfer server binds and publishes.
     host: str = "127.0.0.1"
     # Prefill side: seconds a prompt's KV stays pinned waiting for the decode side.
@@ -20,5 +24,9 @@ class TransferConfig:
     def validate(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kv transfer must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.copy not in COPIES:
+            raise ValueError(
+                f"kv transfer copy must be one of {', '.join(COPIES)}, got {self.copy!r}"
+            )
         if self.timeout <= 0:
             raise ValueError(f"kv transfer timeout must be positive, got {self.timeout}")

@@ -1,27 +1,48 @@
 """Moving blocks between two pools that one process can address (the same process, or a
-peer GPU's pool opened through CUDA IPC): few, large copies.
+peer GPU's pool opened through CUDA IPC): few, large copies, never one per block.
 
-Measured on 2×H200 (issue 15): one `copy_` between GPUs moves ~389 GB/s, one copy per
-32 KiB block slice ~1.3 GB/s. So blocks never move one by one:
+The ways to copy (`METHODS`), all enqueued on the destination's current stream:
 
-- where both the remote and the local block ids run consecutively, each pair of runs is
-  one strided copy of `2 * layers` slices straight from pool to pool (no staging; on a
-  peer-mapped pool the copy kernel reads across the link once);
-- otherwise the remote blocks are gathered in chunks (one indexing kernel each, reading
-  across the link), and each chunk is scattered into the local blocks with one kernel.
+- `push`: one Triton kernel on the source GPU reads the blocks locally and writes them
+  into the peer's pool (`kernel.py`); whatever the ids, one launch, no staging;
+- `pull`: the same kernel on the destination GPU, reading across the link (the source
+  pool must be mapped in this GPU's context: `ipc.open_pool(..., here=True)`);
+- `runs`: torch only: each run of ids consecutive on both sides is one strided copy, and
+  scattered ids are gathered and scattered by torch's indexing (the CPU's way, and the
+  GPU's when Triton is missing or the kernel failed).
+
+Measured on 2×H200 (link: 396 GB/s for one `copy_`; benchmarks/README.md), 8B-shaped
+2 MiB blocks, one process, scattered ids of a 1k / 8k / 32k-token prompt: `runs` 140 /
+183 / 193 GB/s (two torch indexing passes around the crossing), `push` 271 / 348 / 353,
+`pull` 255 / 348 / 363; consecutive ids: `runs` 315 / 345 / 349, the kernels within 15%
+(less at 1k). Pipelining a gather / copy-engine copy / scatter over staging buffers
+reached only 122-266 GB/s (host-bound launches), so it is not kept.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from stator.kv.block_copy import block_bytes, gather, scatter
+from stator.kv.transfer.config import COPIES
 
-# Above this many separate runs, gather/scatter (2 kernels a chunk) beats run copies.
+log = logging.getLogger(__name__)
+
+METHODS = COPIES
+# pull, not push: as fast in the engine (0.21 / 0.65 / 0.81 of the link against 0.22 /
+# 0.63 / 0.82), and the decode worker's copy runs on its own GPU instead of taking turns
+# with the prefill worker's kernels on the prefill GPU (contexts of two processes share a
+# GPU by time slices). The agent maps the prefill pool in this GPU's context for it.
+AUTO_GPU_METHOD = "pull"
+# `runs`: above this many separate runs, gather/scatter beats run copies.
 MAX_RUN_COPIES = 8
 MIN_AVERAGE_RUN = 4
-# Bytes staged at once when gathering (bounds the staging memory).
+# Bytes staged at once by `runs`' gather/scatter (bounds the staging memory).
 CHUNK_BYTES = 256 << 20
+
+_kernel_failed: str | None = None  # why the Triton kernel is off in this process
 
 
 def paired_runs(remote: list[int], local: list[int]) -> list[tuple[int, int, int]]:
@@ -38,54 +59,64 @@ def paired_runs(remote: list[int], local: list[int]) -> list[tuple[int, int, int
 
 
 def copy_blocks(
-    src_pool: torch.Tensor, dst_pool: torch.Tensor, remote: list[int], local: list[int]
+    src_pool: torch.Tensor,
+    dst_pool: torch.Tensor,
+    remote: list[int],
+    local: list[int],
+    method: str = "auto",
 ) -> int:
     """Copy blocks `remote[i]` of `src_pool` into blocks `local[i]` of `dst_pool`;
-    returns the bytes moved. Enqueued on the current stream (callers synchronize)."""
+    returns the bytes moved. Enqueued on the destination's current stream (callers
+    synchronize it)."""
+    global _kernel_failed
+    if method not in METHODS:
+        raise ValueError(f"unknown copy method {method!r}; choose from {METHODS}")
     if len(remote) != len(local):
         raise ValueError(f"{len(remote)} remote blocks for {len(local)} local ones")
-    if not remote:
-        return 0
     if src_pool.shape[:2] != dst_pool.shape[:2] or src_pool.shape[3:] != dst_pool.shape[3:]:
         raise ValueError(f"pool layouts differ: {tuple(src_pool.shape)} vs {tuple(dst_pool.shape)}")
-    runs = paired_runs(remote, local)
-    # One copy per run when runs are few or long (a run of 4 blocks is 8 MiB on an 8B
-    # model: the copy engine's per-copy cost is small against it).
-    if len(runs) <= MAX_RUN_COPIES or len(remote) >= MIN_AVERAGE_RUN * len(runs):
-        for r, lo, n in runs:
-            dst_pool[:, :, lo : lo + n].copy_(src_pool[:, :, r : r + n], non_blocking=True)
-    elif src_pool.device != dst_pool.device and src_pool.is_cuda:
-        _pipelined(src_pool, dst_pool, remote, local)
-    else:
-        per_chunk = max(1, CHUNK_BYTES // block_bytes(src_pool))
-        for start in range(0, len(remote), per_chunk):
-            ids = remote[start : start + per_chunk]
-            scatter(dst_pool, local[start : start + per_chunk], gather(src_pool, ids))
+    if not remote:
+        return 0
+    if method == "auto" or not (src_pool.is_cuda and dst_pool.is_cuda) or _kernel_failed:
+        method = _auto(src_pool, dst_pool)
+    if method == "runs":
+        _copy_runs(src_pool, dst_pool, remote, local)
+        return len(remote) * block_bytes(src_pool)
+    from stator.kv.transfer import kernel
+
+    if not kernel.supported(src_pool, dst_pool):
+        raise ValueError(f"copy method {method!r} needs contiguous pools of one dtype")
+    try:
+        on = src_pool.device if method == "push" else dst_pool.device
+        kernel.copy_blocks_kernel(src_pool, dst_pool, remote, local, on=on)
+    except Exception as exc:
+        # The kernel is an optimization: a driver or Triton that cannot run it (peer
+        # access refused, a pointer check) must not cost the transfer.
+        _kernel_failed = f"{type(exc).__name__}: {exc}"
+        log.warning("KV copy kernel failed (%s); using torch copies from now on", exc)
+        _copy_runs(src_pool, dst_pool, remote, local)
     return len(remote) * block_bytes(src_pool)
 
 
-_side_streams: dict[torch.device, list[torch.cuda.Stream]] = {}
+def _auto(src: torch.Tensor, dst: torch.Tensor) -> str:
+    if not (src.is_cuda and dst.is_cuda) or _kernel_failed is not None:
+        return "runs"
+    try:
+        from stator.kv.transfer import kernel
+    except ImportError:  # no Triton
+        return "runs"
+    return AUTO_GPU_METHOD if kernel.supported(src, dst) else "runs"
 
 
-def _pipelined(src: torch.Tensor, dst: torch.Tensor, remote: list[int], local: list[int]) -> None:
-    """Scattered blocks between two GPUs: per chunk, gather on the source GPU, one
-    contiguous copy across the link, scatter on this GPU. Gathers alternate between two
-    streams of the source GPU, so chunk i+1 is gathered while chunk i crosses. Enqueued on
-    the destination's current stream (the copy of chunk i waits for it, and it waits for
-    the copy), like `copy_blocks`' other paths."""
-    streams = _side_streams.get(src.device)
-    if streams is None:
-        streams = _side_streams[src.device] = [torch.cuda.Stream(src.device) for _ in range(2)]
-    dst_stream = torch.cuda.current_stream(dst.device)
-    per_chunk = max(1, (CHUNK_BYTES // 4) // block_bytes(src))
-    for i, start in enumerate(range(0, len(remote), per_chunk)):
-        side = streams[i % 2]
-        side.wait_stream(torch.cuda.current_stream(src.device))
-        with torch.cuda.stream(side):
-            staged = gather(src, remote[start : start + per_chunk])
-            # A cross-device copy runs on the source's current stream (`side` here) after
-            # the destination's current stream, which then waits for it.
-            moved = staged.to(dst.device, non_blocking=True)
-        staged.record_stream(side)
-        scatter(dst, local[start : start + per_chunk], moved)
-        moved.record_stream(dst_stream)
+def _copy_runs(src: torch.Tensor, dst: torch.Tensor, remote: list[int], local: list[int]):
+    runs = paired_runs(remote, local)
+    # One copy per run when runs are few or long (a run of 4 blocks is 8 MiB on an 8B
+    # model: the per-copy cost is small against it).
+    if len(runs) <= MAX_RUN_COPIES or len(remote) >= MIN_AVERAGE_RUN * len(runs):
+        for r, lo, n in runs:
+            dst[:, :, lo : lo + n].copy_(src[:, :, r : r + n], non_blocking=True)
+        return
+    per_chunk = max(1, CHUNK_BYTES // block_bytes(src))
+    for start in range(0, len(remote), per_chunk):
+        ids = remote[start : start + per_chunk]
+        scatter(dst, local[start : start + per_chunk], gather(src, ids))

@@ -34,12 +34,13 @@ def export_pool(pool: torch.Tensor) -> bytes:
     return pickle.dumps({"args": args, "uuid": device_uuid(pool.device.index or 0)})
 
 
-def open_pool(handle: bytes, device: torch.device) -> torch.Tensor:
-    """The exporter's pool, mapped into this process (see the module docstring)."""
+def open_pool(handle: bytes, device: torch.device, here: bool = False) -> torch.Tensor:
+    """The exporter's pool, mapped into this process (see the module docstring); with
+    `here`, always mapped in `device`'s context (peer memory its kernels can address)."""
     shared = pickle.loads(handle)  # a handle from a worker of our own fleet
     args = list(shared["args"])
     local = [i for i in range(torch.cuda.device_count()) if device_uuid(i) == shared["uuid"]]
-    args[_DEVICE_ARG] = local[0] if local else (device.index or 0)
+    args[_DEVICE_ARG] = local[0] if local and not here else (device.index or 0)
     with torch.cuda.device(args[_DEVICE_ARG]):
         pool = rebuild_cuda_tensor(*args)
     if not isinstance(pool, torch.Tensor) or not pool.is_cuda:

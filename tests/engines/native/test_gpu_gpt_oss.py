@@ -59,6 +59,37 @@ def test_fused_moe_matches_the_reference(packed, tokens):
     assert err < 2e-2, err
 
 
+@pytest.mark.parametrize("mode", ["words", "bytes", "scaled"])
+@pytest.mark.parametrize("tokens", [40, 300, 1500])
+def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
+    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled (expansion off)."""
+    from stator.engines.native.kernels import fused_moe as fm
+    from stator.engines.native.kernels import moe_dequant
+
+    monkeypatch.setattr(moe_dequant, "MIN_PAIRS", 0)
+    monkeypatch.setattr(fm, "MXFP4_GEMM", mode)
+    moe = _moe(True)
+    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+    weights, ids = moe.route(x)
+    ours = fm.fused_moe(x, weights, ids, moe).float()
+    ref = moe._reference(x, weights, ids).float()
+    assert ((ours - ref).norm() / ref.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 300])
+def test_router_kernel_matches_torch_topk(tokens):
+    """kernels/moe_route.py against torch.topk + softmax: the same k logits (an exact tie
+    may name another expert) and the same weights."""
+    from stator.engines.native.kernels.moe_route import route
+
+    moe = _moe(True)
+    logits = moe.router(torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16))
+    w, ids = route(logits, 4)
+    top, _ = torch.topk(logits, 4, dim=-1)
+    assert torch.equal(logits.gather(1, ids), top)
+    assert torch.allclose(w, torch.softmax(top.float(), dim=-1), atol=1e-6)
+
+
 def test_fused_moe_computes_only_this_ranks_experts():
     from stator.engines.native.kernels.fused_moe import fused_moe
 
@@ -113,7 +144,7 @@ def test_cuda_mxfp4_checkpoint_matches_transformers(tmp_path, checkpoints, moe_w
 
 @pytest.mark.parametrize("tp", [TPShard(), TPShard(rank=1, size=2)])
 def test_expanded_mxfp4_path_matches_the_reference(monkeypatch, tp):
-    """kernels/moe_dequant.py (off by default): experts expanded chunk by chunk to bf16."""
+    """kernels/moe_dequant.py: experts expanded chunk by chunk to bf16."""
     from stator.engines.native import mxfp4
     from stator.engines.native.kernels import moe_dequant
     from stator.engines.native.kernels.fused_moe import fused_moe

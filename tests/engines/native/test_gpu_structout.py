@@ -55,9 +55,20 @@ def test_cuda_speculative_greedy_matches_plain(llama, tmp_path, method):
     else:
         config = spec_config("eagle3", 3, write_eagle3(tmp_path / "e3", target))
     core = core_for(target, speculative_config=config, **opts)
+    replays = []
+    verify = core.runner.verify_graphs
+    if method != "eagle3":  # EAGLE-3 verifies eagerly (its head reads hidden states)
+        assert (
+            verify is not None
+            and verify.tokens_per_seq == 1 + core.specdec.config.num_speculative_tokens
+        )
+        run = verify.run
+        verify.run = lambda ids, ctx: replays.append(ids.shape[0]) or run(ids, ctx)
     out = run_all(core, repetitive_requests())
     for rid, outputs in plain.items():
         assert tokens_of(out[rid]) == tokens_of(outputs), rid
+    if method == "self_draft":  # k drafts for every sequence: full verify steps happen
+        assert replays
     if method == "self_draft":
         assert core.specdec.stats.acceptance_rate > 0.95
 

@@ -234,3 +234,62 @@ def test_random_schemas_always_validate(tiny, schemas, seed):
     for i, schema in enumerate(schemas):
         check_json(tokenizer, out[f"g{i}"], schema)
         check_json(tokenizer, out[f"s{i}"], schema)
+
+
+def test_overlapped_constrained_step_samples_when_the_next_step_needs_it(tiny):
+    """Under overlap a constrained step's masks fill on the grammar thread while the
+    host prepares the next step: its tokens are drawn only then, and the outputs are
+    those of the synchronous engine, sampled rows and min_tokens rows included."""
+    model_dir, tokenizer = tiny
+
+    def reqs():
+        spec = GuidedDecoding(json_schema=REAL_SCHEMAS[0])
+        out = [request(f"g{i}", spec, temperature=t, seed=i) for i, t in enumerate((0.0, 1.0))]
+        out.append(request("free", None, temperature=1.0, seed=7, max_tokens=30))
+        late = request("min", GuidedDecoding(json_schema=REAL_SCHEMAS[1]), temperature=1.0)
+        late.stop.min_tokens = 5  # sampled eagerly: min_tokens counts output tokens
+        out.append(late)
+        return out
+
+    sync = run_all(core_for(model_dir, overlap="off"), reqs())
+    core = core_for(model_dir, overlap="on")
+    for r in reqs():
+        core.add_request(r)
+    overlapped: dict[str, list] = {r.request_id: [] for r in reqs()}
+    lazy_steps = 0
+    while core.has_work():
+        for rid, out in core.step():
+            overlapped[rid].append(out)
+        pending = core._pending
+        if pending is not None and pending._device_tokens is None:
+            lazy_steps += 1
+    assert lazy_steps > 0
+    for rid, outs in sync.items():
+        assert tokens_of(overlapped[rid]) == tokens_of(outs), rid
+    check_json(tokenizer, overlapped["g0"], REAL_SCHEMAS[0])
+    check_json(tokenizer, overlapped["min"], REAL_SCHEMAS[1])
+    assert len(tokens_of(overlapped["min"])) >= 5
+
+
+def test_mask_fill_runs_off_the_calling_thread(tiny):
+    import threading
+
+    model_dir, _ = tiny
+    core = core_for(model_dir)
+    core.add_request(request("g", GuidedDecoding(json_schema=REAL_SCHEMAS[1]), temperature=0.0))
+    core.add_request(request("free", None, temperature=0.0))
+    compiler = core.guidance._compiler()
+    threads = []
+    fill = compiler.fill
+
+    def spy(*args):
+        threads.append(threading.current_thread())
+        fill(*args)
+
+    compiler.fill = spy
+    masks = core.guidance.start_masks([core.seqs["g"], core.seqs["free"]]).result()
+    assert threads and threads[0] is not threading.current_thread()
+    assert masks.shape == (2, compiler.words)
+    assert bool((masks[1] == -1).all())  # an unconstrained row allows everything
+    assert not bool((masks[0] == -1).all())
+    assert core.guidance.start_masks([core.seqs["free"]]) is None

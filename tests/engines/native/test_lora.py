@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from stator.engines.base import EngineError
 from stator.engines.native.lora.adapter import load_adapter
-from stator.engines.native.lora.batch import build_lora_batch
+from stator.engines.native.lora.batch import TILE_M, build_lora_batch, max_tiles
+from stator.engines.native.lora.graph_inputs import LoraGraphInputs
 from stator.engines.native.request import SamplingSpec, Sequence
 from stator.protocols import BlockStored
 from tests.engines.native.lora_adapters import build_adapter
@@ -158,36 +161,88 @@ def test_tensor_parallel_with_lora_is_refused(llama):
 def test_lora_batch_groups_tokens_by_slot():
     batch = build_lora_batch([1, -1, 0, 1, -1, 0], 3, torch.device("cpu"), groups=True)
     assert batch.sorted_idx.tolist() == [2, 5, 0, 3]
-    assert batch.starts.tolist() == [0, 2, 4, 4]
+    assert batch.tiles.tolist() == [[0, 0, 2], [1, 2, 2]]  # (slot, start, count); slot 2 unused
     assert [(s, r.tolist()) for s, r in batch.groups] == [(0, [2, 5]), (1, [0, 3])]
     assert build_lora_batch([-1, -1], 3, torch.device("cpu"), groups=True) is None
 
 
+def test_lora_tiles_hold_at_most_tile_m_tokens_and_never_exceed_max_tiles():
+    slots = [0] * 40 + [-1] * 3 + [2] * 17 + [1]
+    batch = build_lora_batch(slots, 3, torch.device("cpu"), groups=False)
+    assert batch.tiles.tolist() == [
+        [0, 0, 16], [0, 16, 16], [0, 32, 8], [1, 40, 1], [2, 41, 16], [2, 57, 1]
+    ]  # fmt: skip
+    rng = random.Random(0)
+    for _ in range(300):
+        tokens, num_slots = rng.randint(1, 200), rng.randint(1, 9)
+        slots = [rng.randrange(-1, num_slots) for _ in range(tokens)]
+        batch = build_lora_batch(slots, num_slots, torch.device("cpu"), groups=False)
+        if batch is not None:
+            assert batch.tiles.shape[0] <= max_tiles(tokens, num_slots)
+    # The bound is reached: every slot with one token, the rest filling whole tiles.
+    worst = [0] * 33 + [1, 2, 3]
+    batch = build_lora_batch(worst, 4, torch.device("cpu"), groups=False)
+    assert batch.tiles.shape[0] == max_tiles(len(worst), 4) == 4 + 32 // TILE_M
+
+
+def test_graph_inputs_give_a_smaller_step_s_leftover_tiles_count_zero():
+    inputs = LoraGraphInputs(64, 8, (2, 32), torch.device("cpu"))
+    big = build_lora_batch(list(range(8)) * 8, 8, torch.device("cpu"), groups=False)
+    inputs.load(big, 64)
+    small = build_lora_batch([3, -1, 3], 8, torch.device("cpu"), groups=False)
+    inputs.load(small, 4)
+    captured = inputs.batch(4)
+    assert captured.tiles.shape[0] == max_tiles(4, 8) == 4
+    assert captured.tiles.tolist() == [[3, 0, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
+    assert captured.sorted_idx[:2].tolist() == [0, 2]
+    assert captured.workspace is not None and captured.workspace.shape == (2, 4, 32)
+
+
 _KERNEL_CHECK = """
 import torch
+from stator.engines.native.kernels import lora as kernels
 from stator.engines.native.kernels.lora import lora_expand, lora_shrink
 from stator.engines.native.lora.batch import build_lora_batch
+from stator.engines.native.lora.graph_inputs import LoraGraphInputs
 from stator.engines.native.lora.layer import LoraLayer
 
 torch.manual_seed(0)
 for slots_n, rank, bounds, k, tokens in [
     (3, 16, [(0, 64), (64, 96), (96, 128)], 96, 21),
     (2, 8, [(0, 48)], 200, 5),
+    (2, 16, [(0, 32), (32, 64)], 300, 40),  # a slot with 3 tiles; 3 slabs of K
 ]:
     n = bounds[-1][1]
     layer = LoraLayer(
         torch.randn(slots_n, len(bounds) * rank, k), torch.randn(slots_n, n, rank), bounds, rank
     )
     slots = [(-1 if i % 4 == 0 else i % slots_n) for i in range(tokens)]
+    if tokens == 40:
+        slots = [0] * 35 + [-1, 1, 1, -1, 1]
     x, y = torch.randn(tokens, k), torch.randn(tokens, n)
     batch = build_lora_batch(slots, slots_n, torch.device("cpu"), groups=True)
     ref = layer._apply_torch(x, y.clone(), batch)
-    for workspace in (None, torch.zeros(3, tokens, len(bounds) * rank + 8)):
-        batch.workspace = workspace
-        out = y.clone()
-        lora_expand(lora_shrink(x, layer.a, batch, 1), layer.b, out, batch, bounds, rank)
-        err = float((out - ref).abs().max() / ref.abs().max())
-        assert err < 1e-5, err
+    # As a CUDA graph runs it: the tiles of a larger bucket, the unused ones of count 0
+    # after a bigger step filled them.
+    graph = LoraGraphInputs(tokens + 40, slots_n, (3, len(bounds) * rank + 8), torch.device("cpu"))
+    graph.load(build_lora_batch([0] * (tokens + 40), slots_n, torch.device("cpu"), groups=False), tokens + 40)
+    graph.load(batch, tokens + 40)
+    padded = graph.batch(tokens + 40)
+    padded.workspace = padded.workspace[:, :tokens]
+    assert padded.tiles.shape[0] > batch.tiles.shape[0]
+    runs = [(batch, None), (batch, torch.zeros(3, tokens, len(bounds) * rank + 8))]
+    runs.append((padded, padded.workspace))
+    # 1 program per tile: the whole of K in one program's loop, no split.
+    for programs in (1024, 1):
+        kernels._SHRINK_PROGRAMS = programs
+        for run, workspace in runs:
+            run.workspace = workspace if workspace is None else workspace.zero_()
+            out = y.clone()
+            lora_expand(lora_shrink(x, layer.a, run, 1), layer.b, out, run, bounds, rank)
+            err = float((out - ref).abs().max() / ref.abs().max())
+            assert err < 1e-5, err
+            base = [i for i, s in enumerate(slots) if s < 0]
+            assert torch.equal(out[base], y[base])
 print("ok")
 """
 

@@ -19,7 +19,7 @@ def _core(model_dir, host_blocks=0, disk_blocks=0, disk_dir=None, **kw):
     return core_for(
         model_dir,
         kv_cache_memory=str(GPU_BLOCKS * per_block),
-        cpu_offload_gb=host_blocks * per_block / GiB,
+        kv_offloading_size=host_blocks * per_block / GiB,
         disk_offload_dir=str(disk_dir or ""),
         disk_offload_gb=disk_blocks * per_block / GiB,
         kv_load_policy="always",
@@ -153,7 +153,7 @@ def test_cuda_host_tier_gives_the_same_tokens(llama, policy):
         model_dir,
         **cuda,
         kv_cache_memory=str(GPU_BLOCKS * per_block),
-        cpu_offload_gb=16 * per_block / GiB,
+        kv_offloading_size=16 * per_block / GiB,
         kv_load_policy=policy,
     )
     outs = _turns(core, prompt(1, 70), prompt(2, 90))

@@ -117,6 +117,25 @@ def test_greedy_output_is_identical_to_plain_decoding(llama, tiny_draft, method)
         assert stats.acceptance_rate < 0.5
 
 
+def test_full_verification_steps_are_marked_for_the_verify_graphs(llama):
+    """A step where every sequence verifies k drafts has k + 1 rows per sequence (what
+    the verify CUDA graphs replay); EAGLE-3 and no speculation get no such graphs."""
+    from stator.engines.native.spec.config import verify_tokens
+
+    assert verify_tokens(spec_config("ngram", 4)) == 5
+    assert verify_tokens(spec_config("draft_model", 2, Path("/d"))) == 3
+    assert verify_tokens(spec_config("eagle3", 3, Path("/d"))) == 0
+    assert verify_tokens("") == 0
+    target, _ = llama
+    core = core_for(target, speculative_config=spec_config("draft_model", model=target))
+    seen = []
+    execute = core.runner.execute
+    core.runner.execute = lambda inputs: seen.append(inputs.rows_per_seq) or execute(inputs)
+    run_all(core, repetitive_requests())
+    assert 4 in seen  # k = 3: full verification steps
+    assert 1 in seen or 0 in seen  # prefill (0) and the draft-free tail (1) differ
+
+
 def test_mixed_batch_with_chunked_prefill_and_preemption(llama):
     """Speculating sequences beside ones that cannot (penalties, logprobs, a grammar),
     small prefill chunks and a KV cache small enough to preempt: greedy is unchanged."""

@@ -9,17 +9,62 @@ from tests.engines.vllm.conftest import SKIP_REASON
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from stator.engines.vllm import VllmConfig
+from stator.engines.vllm.disagg import kv_transfer_config
 from stator.engines.vllm.engine import engine_args
 
 
 def test_connector_builds_the_kv_transfer_config(llama_dir):
-    config = VllmConfig.make({}, connector=["offload", "lmcache"], offload_connector_gb=1.0)
+    config = VllmConfig.make({"kv_offloading_size": 1.0}, connector=["offload", "lmcache"])
     args = engine_args(config, str(llama_dir), "m")
     ktc = args.kv_transfer_config
     assert ktc.kv_connector == "MultiConnector" and ktc.kv_role == "kv_both"
     chain = ktc.kv_connector_extra_config["connectors"]
     assert [c["kv_connector"] for c in chain] == ["OffloadingConnector", "LMCacheConnectorV1"]
     assert chain[0]["kv_connector_extra_config"] == {"cpu_bytes_to_use": 1 << 30}
+    # vLLM would replace the chain with its own offloading connector: the flag is consumed
+    assert args.kv_offloading_size is None
+
+
+def test_kv_offloading_size_alone_is_vllms_own(llama_dir):
+    args = engine_args(VllmConfig.make({"kv_offloading_size": 2.0}), str(llama_dir), "m")
+    assert args.kv_transfer_config is None and args.kv_offloading_size == 2.0
+
+
+def test_a_roles_connector_chains_with_offloading(llama_dir):
+    role = kv_transfer_config("prefill", False, storage="/x")
+    for config in (
+        VllmConfig.make({}, connector=["offload"]),
+        VllmConfig.make({"kv_offloading_size": 0.5}),  # vLLM's flag alone
+    ):
+        args = engine_args(config, str(llama_dir), "m", role_connector=role)
+        chain = args.kv_transfer_config.kv_connector_extra_config["connectors"]
+        assert [c["kv_connector"] for c in chain] == ["ExampleConnector", "OffloadingConnector"]
+        assert args.kv_offloading_size is None
+    config = VllmConfig.make({"kv_offloading_size": 1.0, "kv_offloading_backend": "lmcache"})
+    with pytest.raises(ValueError, match="name lmcache in --connector"):
+        engine_args(config, str(llama_dir), "m", role_connector=role)
+
+
+async def test_the_started_engine_chains_its_roles_connector(llama_dir, monkeypatch):
+    """`start` builds the arguments with the role's connector leading --connector's (it
+    used to skip the role's when --connector offload was given)."""
+    from stator.engines.vllm import create_engine, engine
+
+    seen = []
+
+    def refuse(args, *a, **k):
+        seen.append(args)
+        raise RuntimeError("not starting vLLM in this test")
+
+    monkeypatch.setattr(engine.AsyncLLM, "from_engine_args", refuse)
+    eng = create_engine(
+        VllmConfig.make({}, connector=["offload"], kv_events=False), str(llama_dir), "m"
+    )
+    eng.role = "decode"
+    with pytest.raises(RuntimeError, match="not starting"):
+        await eng.start()
+    chain = seen[0].kv_transfer_config.kv_connector_extra_config["connectors"]
+    assert [c["kv_connector"] for c in chain] == ["ExampleConnector", "OffloadingConnector"]
 
 
 def test_users_own_kv_transfer_config_wins(llama_dir):
@@ -43,7 +88,7 @@ async def test_offload_connector_on_the_cpu_build(llama_dir):
     from tests.engines.vllm.helpers import TEST_ENGINE_ARGS, collect, greedy_request
 
     config = VllmConfig.make(
-        dict(TEST_ENGINE_ARGS), connector=["offload"], offload_connector_gb=0.05
+        {**TEST_ENGINE_ARGS, "kv_offloading_size": 0.05}, connector=["offload"]
     )
     eng = create_engine(config, str(llama_dir), "tiny")
     try:

@@ -21,7 +21,7 @@ def test_one_connector_is_its_own_config():
         "kv_connector": "LMCacheConnectorV1",
         "kv_role": "kv_both",
     }
-    assert transfer_config(["offload"], offload_gb=2) == {
+    assert transfer_config(["offload"], offload_gib=2) == {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"cpu_bytes_to_use": 2 * GiB},
@@ -29,7 +29,7 @@ def test_one_connector_is_its_own_config():
 
 
 def test_several_connectors_chain_in_order():
-    cfg = transfer_config(["nixl", "offload", "nixl"], offload_gb=1)
+    cfg = transfer_config(["nixl", "offload", "nixl"], offload_gib=1)
     assert cfg["kv_connector"] == "MultiConnector"
     names = [c["kv_connector"] for c in cfg["kv_connector_extra_config"]["connectors"]]
     assert names == ["NixlConnector", "OffloadingConnector"]
@@ -40,8 +40,17 @@ def test_none_and_unknown():
     assert transfer_config(["none"]) is None
     with pytest.raises(ValueError, match="unknown --connector"):
         transfer_config(["mooncake-ish"])
-    with pytest.raises(ValueError, match="offload-connector-gb"):
-        transfer_config(["offload"], offload_gb=0)
+    with pytest.raises(ValueError, match="kv-offloading-size"):
+        transfer_config(["offload"], offload_gib=0)
+
+
+def test_a_roles_connector_leads_the_chain_once():
+    role = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    assert transfer_config([], first=role) == role
+    cfg = transfer_config(["offload", "nixl"], offload_gib=1, first=role)
+    names = [c["kv_connector"] for c in cfg["kv_connector_extra_config"]["connectors"]]
+    assert cfg["kv_connector"] == "MultiConnector"
+    assert names == ["NixlConnector", "OffloadingConnector"]
 
 
 def test_vllm_medium_becomes_the_tier():

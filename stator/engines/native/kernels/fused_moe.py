@@ -9,8 +9,10 @@ Up kernel, grid (row block, I / BLOCK_N): gate and up tiles of the same columns 
 program, + biases, clamped SwiGLU, written per pair [T * k, I]. Down kernel, grid (row
 block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [T * k, H];
 the k pairs of a token are summed after (deterministic, no atomics).
-MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers
-(bit tricks in `_tile_dot`); for a few pairs (decode) `moe_gemv.py` streams the weights.
+MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers:
+read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by Triton's
+`tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode) `moe_gemv.py`
+streams the weights, and large prefills expand them first (`moe_dequant.py`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,47 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels.moe_gemv import e2m1_pair
+
+
+@triton.jit
+def _words_dot(
+    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """_tile_dot for MXFP4 rows read as int32 words (K / 8 a row) and A in q-major order
+    (moe_gemv.permute): position q of each word's 16-bit halves gives the values 8w + q and
+    8w + q + 4 (3 integer operations for two, see moe_gemv.py), which meet A's columns
+    q * K / 8 + w and (q + 4) * K / 8 + w: eight dots of BLOCK_K / 8. K need not divide by
+    BLOCK_K (masked)."""
+    dtype = a_ptr.dtype.element_ty
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    w_ok = wi < K // 8
+    words = tl.load(w_ptr + n_idx[None, :] * (K // 8) + wi[:, None],
+                    mask=w_ok[:, None] & n_ok[None, :], other=0).to(tl.uint32, bitcast=True)  # fmt: skip
+    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    sc = tl.load(s_ptr + n_idx[None, :] * s_stride_n + gs[:, None],
+                 mask=(gs < K // 32)[:, None] & n_ok[None, :], other=0)  # fmt: skip
+    scale = ((tl.minimum(sc.to(tl.int32), 240) + 14) << 23).to(tl.float32, bitcast=True)
+    scale = tl.reshape(
+        tl.broadcast_to(scale[:, None, :], (BLOCK_K // 32, 4, scale.shape[1])),
+        (BLOCK_K // 8, scale.shape[1]),
+    )
+    a_at = a_ptr + a_rows[:, None] + wi[None, :]
+    a_ok = row_ok[:, None] & w_ok[None, :]
+    for q in tl.static_range(4):
+        lo, hi = e2m1_pair(words, q)
+        a_lo = tl.load(a_at + q * (K // 8), mask=a_ok, other=0.0)
+        a_hi = tl.load(a_at + (q + 4) * (K // 8), mask=a_ok, other=0.0)
+        acc = tl.dot(a_lo, (lo * scale).to(dtype), acc, input_precision=PRECISION)
+        acc = tl.dot(a_hi, (hi * scale).to(dtype), acc, input_precision=PRECISION)
+    return acc
+
 
 @triton.jit
 def _tile_dot(
-    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, stride_n, s_stride_n,
-    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, PRECISION: tl.constexpr,
+    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, stride_n, s_stride_n,
+    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """acc [M, N] += A[a_rows, k0:k0 + BLOCK_K] @ W[n_idx, k0:k0 + BLOCK_K]^T, W one
     expert's [N, K] (w_ptr, s_ptr already at the expert). The weight tile is loaded as
@@ -31,7 +69,18 @@ def _tile_dot(
     (odd k) are two half-K dots against A's even and odd columns, so nothing is
     interleaved; each byte's scale is gathered (16 bytes share one, from cache)."""
     dtype = a_ptr.dtype.element_ty
-    if PACKED:
+    if PACKED and MX == 1:
+        acc = _words_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
+                         s_stride_n, BLOCK_K, PRECISION)  # fmt: skip
+    elif PACKED and MX == 2:  # Triton's own MXFP4 dot (emulated on Hopper: upcast to bf16)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        raw = tl.load(w_ptr + n_idx[None, :] * stride_n + kb[:, None], mask=n_ok[None, :], other=0)
+        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sc = tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :], mask=n_ok[:, None], other=0)
+        acc = tl.dot_scaled(a, None, "bf16", raw, sc, "e2m1", acc)
+    elif PACKED:
         kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         a_even = tl.load(a_ptr + a_rows[:, None] + 2 * kb[None, :], mask=row_ok[:, None], other=0.0)
         a_odd = tl.load(
@@ -39,11 +88,16 @@ def _tile_dot(
         )
         raw = tl.load(w_ptr + n_idx[None, :] * stride_n + kb[:, None], mask=n_ok[None, :], other=0)
         raw = raw.to(tl.int16)
-        sc = tl.load(
-            s_ptr + n_idx[None, :] * s_stride_n + (kb // 16)[:, None], mask=n_ok[None, :], other=0
-        )
+        # One scale per 32 values, loaded once and broadcast over its 16 bytes (gathered per
+        # byte, the scale loads outnumbered the weight loads 16 to 1).
+        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sc = tl.load(s_ptr + n_idx[None, :] * s_stride_n + gs[:, None], mask=n_ok[None, :], other=0)
         # See moe_gemv.py: fp16 bits of value * 2^-14, and 2^(s - 127 + 14) as float bits.
         scale = ((tl.minimum(sc.to(tl.int32), 240) + 14) << 23).to(tl.float32, bitcast=True)
+        scale = tl.reshape(
+            tl.broadcast_to(scale[:, None, :], (BLOCK_K // 32, 16, scale.shape[1])),
+            (BLOCK_K // 2, scale.shape[1]),
+        )
         lo = (((raw & 0x8) << 12) | ((raw & 0x7) << 9)).to(tl.float16, bitcast=True)
         hi = (((raw & 0x80) << 8) | ((raw & 0x70) << 5)).to(tl.float16, bitcast=True)
         w_lo = (lo.to(tl.float32) * scale).to(dtype)
@@ -64,7 +118,7 @@ def _moe_up_kernel(
     num_pairs, inter, hidden, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
     alpha, limit,
     TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -81,10 +135,10 @@ def _moe_up_kernel(
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
-        acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, stride_n,
-                          s_stride_n, BLOCK_K, PACKED, PRECISION)  # fmt: skip
-        acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, stride_n,
-                          s_stride_n, BLOCK_K, PACKED, PRECISION)  # fmt: skip
+        acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden, stride_n,
+                          s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+        acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, hidden,
+                          stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
     bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
     bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
     # Rounded to the model dtype as an unfused matmul's output would be.
@@ -93,8 +147,10 @@ def _moe_up_kernel(
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
+    # q-major for the down kernel's _words_dot
+    to = (n % 8) * (inter // 8) + n // 8 if PACKED and MX == 1 else n
     tl.store(
-        out_ptr + pairs[:, None].to(tl.int64) * inter + n[None, :],
+        out_ptr + pairs[:, None].to(tl.int64) * inter + to[None, :],
         h.to(dtype),
         mask=row_ok[:, None] & n_ok[None, :],
     )
@@ -105,7 +161,7 @@ def _moe_down_kernel(
     h_ptr, w_ptr, s_ptr, b_ptr, route_w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
     LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PACKED: tl.constexpr, PRECISION: tl.constexpr,
+    PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -121,8 +177,8 @@ def _moe_down_kernel(
     sp = s_ptr + e * s_stride_e
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, inter, BLOCK_K):
-        acc = _tile_dot(acc, h_ptr, rows * inter, row_ok, w, sp, n, n_ok, k0, stride_n,
-                        s_stride_n, BLOCK_K, PACKED, PRECISION)  # fmt: skip
+        acc = _tile_dot(acc, h_ptr, rows * inter, row_ok, w, sp, n, n_ok, k0, inter, stride_n,
+                        s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
     bias = tl.load(b_ptr + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)
     y = (acc + bias[None, :]).to(dtype).to(tl.float32)
     route = tl.load(route_w_ptr + rows, mask=row_ok, other=0.0)
@@ -175,18 +231,53 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 ]
 
 
-# Up to this many (token, expert) pairs the per-pair streaming kernels (moe_gemv.py) win:
-# a tensor-core tile of 16 rows would hold about one pair per expert.
+# How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
+# q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
+# only: it upcasts to bf16 on Hopper). None: by size, words up to WORDS_MAX_PAIRS (token,
+# expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
+# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 436 us words vs 530 scaled; 256
+# tokens 758 vs 739; 512 / 1,024 / 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against
+# words 1,754 / 2,687 / 4,800 and byte-wise 11,862 at 2,048.
+MXFP4_GEMM: str | None = None
+WORDS_MAX_PAIRS = 1024
+_MX = {"bytes": 0, "words": 1, "scaled": 2}
+# The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
+# 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
+# byte-wise; 256 tokens 758 us with (32, 64, 128, 4, 3) vs 796-1,675 and 1,086 byte-wise.
+WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (256, (16, 64, 128, 4, 3)),
+    (1024, (32, 64, 128, 4, 3)),
+    (1 << 62, (128, 128, 128, 8, 3)),
+]
+
+
+# Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
+# tensor-core tile of 16 rows would hold about one pair per expert. Same runs: 4 tokens
+# 153 us streaming vs 259 grouped, 8 tokens 281 vs 279.
 GEMV_MAX_PAIRS = 32
 
 
-def _config(pairs: int, hidden: int, inter: int) -> tuple[int, int, int, int, int]:
-    block_m, block_n, block_k, warps, stages = next(c for n, c in CONFIGS if pairs <= n)
+def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
+    """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
+    mode = MXFP4_GEMM or ("words" if pairs <= WORDS_MAX_PAIRS else "scaled")
+    return "words" if mode == "scaled" and dtype != torch.bfloat16 else mode
+
+
+def _config(pairs: int, hidden: int, inter: int, words: bool) -> tuple[int, int, int, int, int]:
+    table = WORD_CONFIGS if words else CONFIGS
+    block_m, block_n, block_k, warps, stages = next(c for n, c in table if pairs <= n)
+    if words:  # masked: K need not divide by BLOCK_K
+        return block_m, block_n, block_k, warps, stages
     while hidden % block_k or inter % block_k:
         block_k //= 2
     if block_k < 32:
         raise ValueError(f"fused MoE needs hidden and intermediate sizes of 32s: {hidden}, {inter}")
     return block_m, block_n, block_k, warps, stages
+
+
+def uses_gemv(pairs: int) -> bool:
+    """Whether `pairs` (token, expert) pairs run on the streaming kernels (moe_gemv.py)."""
+    return pairs <= GEMV_MAX_PAIRS
 
 
 def fused_moe(
@@ -202,18 +293,26 @@ def fused_moe(
 
         if moe_dequant.MIN_PAIRS and pairs >= moe_dequant.MIN_PAIRS:
             return moe_dequant.expanded_moe(x, weights, ids, moe)
-    if pairs <= GEMV_MAX_PAIRS:
+    if uses_gemv(pairs):
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
         return moe_gemv(x, weights, ids, moe)
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
-    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter)
+    mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
+    words = mode == "words"
+    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, words)
     sorted_ids, block_expert = moe_align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
+    if words:
+        from stator.engines.native.kernels.moe_gemv import permute
+
+        x = permute(x)
     if moe.packed:
         w13, s13, w2, s2 = moe.w13_blocks, moe.w13_scales, moe.w2_blocks, moe.w2_scales
+        if words:
+            w13, w2 = w13.view(torch.int32), w2.view(torch.int32)
         strides13 = (w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1))
         strides2 = (w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1))
     else:
@@ -229,7 +328,8 @@ def fused_moe(
         x, w13, s13, moe.b13, act, sorted_ids, block_expert,
         pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
         TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, PRECISION=precision, num_warps=warps, num_stages=stages,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
     out = alloc(pairs, hidden, dtype=x.dtype, device=x.device)
@@ -237,6 +337,6 @@ def fused_moe(
         act, w2, s2, moe.b2, weights.reshape(-1), out, sorted_ids, block_expert,
         pairs, hidden, inter, *strides2,
         LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, PRECISION=precision, num_warps=warps, num_stages=stages,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out.view(tokens, top_k, hidden).sum(1)

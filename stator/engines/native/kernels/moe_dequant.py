@@ -1,11 +1,17 @@
 """Large MXFP4 batches (prefill) through the bf16 grouped GEMMs: expand a chunk of experts
 to the model dtype in a scratch buffer, run `fused_moe` on that chunk as if it were a
 tensor-parallel rank holding only those experts (pairs of other experts are skipped), and
-sum the chunks. The expansion reads 0.53 bytes and writes 2 per weight; at 2,048 tokens
-and more the in-register dequantization of the packed GEMM costs more than that (H100:
-7.75 ms a 20B layer at 2,048 tokens packed; the bf16 engine's whole 2k prefill took 52 ms).
+sum the chunks. The expansion reads 0.53 bytes and writes 2 per weight, whatever the
+batch; the packed GEMMs' in-register dequantization grows with it.
 
-Off unless `MIN_PAIRS` is set (> 0): not yet measured on a GPU.
+On from 10,240 pairs (2,560 tokens of top-4). H100, 20B, one layer as a CUDA graph
+against the packed GEMMs of the same size (`tl.dot_scaled` above 1,024 pairs;
+benchmarks/gpt_oss_gpu.py, 2026-11-27): 512 tokens 2,009 us expanded vs 1,083 packed,
+1,024 tokens 2,182 vs 1,498, 2,048 tokens 2,575 vs 2,350; expanded grows ~0.4 us a token,
+packed ~0.85, so they meet near 2,560. (Against the earlier byte-wise packed GEMM the
+expansion won from 1,024 tokens: a 2,048-token TTFT of 74.6 ms vs 294.4.) The scratch is
+allocated in the engine's warm-up step (a full `max_num_batched_tokens` prefill), so the
+KV cache is sized without it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import triton.language as tl
 
 # Pairs from which a packed layer expands its experts (0 = never) and experts per chunk
 # (the scratch holds CHUNK * 3 * H * I values in the model dtype: 0.8 GB at 16 for GPT-OSS).
-MIN_PAIRS = 0
+# Expanding costs about the same at any batch (20B: ~0.42 GB read and 1.6 GB written a
+# layer), the packed GEMM's dequantization grows with it.
+MIN_PAIRS = 10240
 CHUNK = 16
 
 

@@ -1,13 +1,23 @@
-"""Mixture of experts for small batches (decode): one program per (token, expert) pair and
-block of output rows streams that expert's weight rows once, on CUDA cores (no tensor-core
-tile, whose 16 rows would be mostly padding at one pair per expert).
+"""Mixture of experts for small batches (decode): one program per token and block of output
+rows streams the rows of all the token's k experts at once (a leading axis of k in every
+tile, so k experts' loads are in flight together), on CUDA cores (a tensor-core tile's 16
+rows would be mostly padding at one pair per expert).
 
-Up, grid (pair, I / BLOCK_N): gate and up rows of the same columns, + biases, the clamped
-SwiGLU, written [pair, I]. Down, grid (pair, H / BLOCK_N): + bias, times the pair's
-routing weight, written [pair, H] (zeros for another rank's expert). MXFP4 rows are read as
-bytes: each nibble's e2m1 bits land in an fp16's exponent and mantissa (sign to bit 15,
-magnitude shifted by 9), which is the value times 2^-14 exactly, subnormals included; the
-scale byte s becomes 2^(s - 127 + 14) by building its float's bits.
+Up, grid (token, I / BLOCK_N): gate and up rows of the same columns, + biases, the clamped
+SwiGLU, written per pair. Down, grid (token, H / BLOCK_N): + bias, times each pair's routing
+weight, summed over the token's k experts in the kernel (no separate sum; another rank's
+experts count 0).
+
+MXFP4 rows are read as 32-bit words (8 values): for each nibble position q of a 16-bit
+half, `(w & mask) << shift` puts the e2m1 bits of two values at once into an fp16's
+exponent and mantissa (sign to bit 15, magnitude to bits 9-11), which is the value times
+2^-14 exactly, subnormals included: 3 integer operations per two values, where converting
+each byte's nibbles separately took ~10 per byte. Each group of 32 values gets its scale
+(one byte, 2^(s - 127), built as a float's bits) once, after its 32 products are summed.
+Word w of a row holds values 8w..8w+7 and position q gives values 8w+q and 8w+q+4, so the
+activations are read "q-major": value k at (k % 8) * K/8 + k // 8, where for each q the
+words' values are contiguous. `permute` writes them so, and the up kernel writes its output
+so for the down kernel; the word-wise grouped GEMMs (`fused_moe.py`) read the same order.
 """
 
 from __future__ import annotations
@@ -16,129 +26,209 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_N rows, BLOCK_K values per step, warps). H100, 20B, MXFP4, batch 1, one layer as a
-# CUDA graph (benchmarks/gpt_oss_gpu.py, 2026-11-27): (8, 512, 4) 110 us; (4, 256, 2) 121,
-# (16, 512, 4) 123, (8, 256, 4) 124, (4, 512, 4) 140. The kernels then run at ~600 GB/s
-# (the nibble-to-float bit work, not memory, is the limit). bf16: not swept.
-CONFIG = {"bf16": (8, 256, 4), "mxfp4": (8, 512, 4)}
+# bf16: (BLOCK_N rows, BLOCK_K values per step, warps); mxfp4: (BLOCK_N rows, groups of 32
+# values per step, warps). H100, 20B, MXFP4, batch 1, one layer as a CUDA graph, router
+# included (benchmarks/gpt_oss_gpu.py, 2026-11-27): (2, 16, 4) 61.3 us; (4, 8, 4) 70.5,
+# (4, 16, 4) 71.1, (8, 16, 4) 72.9. The byte-wise predecessor of these kernels (one program
+# per pair, a scale gathered per byte, the k-sum apart) took 110 us. The kernels still run
+# at ~1 TB/s (up 31 us, down 19 us a layer): more rows per program is slower, so the next
+# step is more loads in flight per program, not more arithmetic savings. bf16: not swept.
+CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4)}
+
+
+def permute(x: torch.Tensor) -> torch.Tensor:
+    """[T, K] -> [T, K] in the MXFP4 kernels' q-major order: value k at
+    (k % 8) * K / 8 + k // 8."""
+    tokens, k = x.shape
+    out = torch.empty(tokens, 8, k // 8, dtype=x.dtype, device=x.device)
+    out.copy_(x.reshape(tokens, k // 8, 8).transpose(1, 2))
+    return out.view(tokens, k)
 
 
 @triton.jit
-def _row_dot(x_ptr, w_ptr, s_ptr, rows, row_ok, K, stride_n, s_stride_n,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr):  # fmt: skip
-    """[BLOCK_N] float32: rows of W (from w_ptr, this expert's) dotted with x [K]."""
-    # Reduced every step: a 2-D accumulator would hold BLOCK_N * BLOCK_K floats in
-    # registers (~170-230 per thread measured by ptxas), starving occupancy.
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    if PACKED:
-        for b0 in range(0, K // 2, BLOCK_K // 2):
-            kb = b0 + tl.arange(0, BLOCK_K // 2)
-            k_ok = kb < K // 2
-            xe = tl.load(x_ptr + 2 * kb, mask=k_ok, other=0.0).to(tl.float32)
-            xo = tl.load(x_ptr + 2 * kb + 1, mask=k_ok, other=0.0).to(tl.float32)
-            ok = row_ok[:, None] & k_ok[None, :]
-            raw = tl.load(w_ptr + rows[:, None] * stride_n + kb[None, :], mask=ok, other=0)
-            raw = raw.to(tl.int16)
-            lo = ((raw & 0x8) << 12) | ((raw & 0x7) << 9)
-            hi = ((raw & 0x80) << 8) | ((raw & 0x70) << 5)
-            lo_f = lo.to(tl.float16, bitcast=True).to(tl.float32)
-            hi_f = hi.to(tl.float16, bitcast=True).to(tl.float32)
-            sc = tl.load(
-                s_ptr + rows[:, None] * s_stride_n + (kb // 16)[None, :], mask=ok, other=0
-            ).to(tl.int32)
-            # 2^(sc - 127 + 14) as a float's bits: exponent field sc + 14, always normal
-            # (sc = 255 is NaN in the format; capped instead of overflowing).
-            scale = ((tl.minimum(sc, 240) + 14) << 23).to(tl.float32, bitcast=True)
-            acc += tl.sum((lo_f * xe[None, :] + hi_f * xo[None, :]) * scale, axis=1)
-    else:
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
-            xk = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-            ok = row_ok[:, None] & k_ok[None, :]
-            w = tl.load(w_ptr + rows[:, None] * stride_n + ks[None, :], mask=ok, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * xk[None, :], axis=1)
+def e2m1_pair(w, q: tl.constexpr):
+    """Values 8i + q and 8i + q + 4 of MXFP4 words w (uint32, values 8i..8i+7 of word i,
+    low nibble first) as float32 times 2^-14: nibble q of both 16-bit halves at once into
+    an fp16's bits, magnitude to bits 9-11 and sign to bit 15."""
+    mag = w & (0x00070007 << (4 * q))
+    mag = mag << (9 - 4 * q) if q < 3 else mag >> 3
+    bits = mag | ((w & (0x00080008 << (4 * q))) << (12 - 4 * q))
+    lo = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _packed_dots(xp_ptr, x_off, w_ptr, s_ptr, e_off, s_e_off, rows, ok,
+                 K: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, KP: tl.constexpr,
+                 SHARED_X: tl.constexpr):  # fmt: skip
+    """[KP, BLOCK_N] float32: for each of a token's experts (axis 0; word offset e_off and
+    scale offset s_e_off of its weight), its rows `rows` (MXFP4 words, K / 8 a row) dotted
+    with q-major activations at xp_ptr + x_off ([KP] offsets, or one for all with SHARED_X).
+    The next step's words and scales are loaded before this step's are used, so two steps'
+    loads are in flight."""
+    acc = tl.zeros([KP, BLOCK_N, G], tl.float32)
+    gi = tl.arange(0, G)
+    wj = gi[:, None] * 4 + tl.arange(0, 4)[None, :]  # [G, 4] word of each (group, j)
+    w_rows = w_ptr + e_off[:, None, None, None] + rows[None, :, None, None] * (K // 8)
+    s_rows = s_ptr + s_e_off[:, None, None] + rows[None, :, None] * (K // 32)
+    okw = ok[:, :, None] & (gi < K // 32)[None, None, :]
+    words = tl.load(w_rows + wj[None, None, :, :], mask=okw[:, :, :, None], other=0)
+    sc = tl.load(s_rows + gi[None, None, :], mask=okw, other=0)
+    for g0 in range(0, K // 32, G):
+        gs = g0 + gi
+        g_ok = gs < K // 32
+        w = words.to(tl.uint32, bitcast=True)
+        # 2^(sc - 127 + 14) as a float's bits: exponent field sc + 14, always normal
+        # (sc = 255 is NaN in the format; capped instead of overflowing).
+        scale = ((tl.minimum(sc.to(tl.int32), 240) + 14) << 23).to(tl.float32, bitcast=True)
+        okn = ok[:, :, None] & (gs + G < K // 32)[None, None, :]
+        words = tl.load(w_rows + (g0 + G) * 4 + wj[None, None, :, :], mask=okn[:, :, :, None],
+                        other=0)  # fmt: skip
+        sc = tl.load(s_rows + (gs + G)[None, None, :], mask=okn, other=0)
+        part = tl.zeros([KP, BLOCK_N, G, 4], tl.float32)
+        for q in tl.static_range(4):
+            lo, hi = e2m1_pair(w, q)
+            if SHARED_X:
+                x_at = xp_ptr + x_off + g0 * 4 + wj
+                x_ok = g_ok[:, None]
+                x_lo = tl.load(x_at + q * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                x_hi = tl.load(x_at + (q + 4) * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                part += lo * x_lo[None, None, :, :] + hi * x_hi[None, None, :, :]
+            else:
+                x_at = xp_ptr + x_off[:, None, None] + g0 * 4 + wj[None, :, :]
+                x_ok = g_ok[None, :, None]
+                x_lo = tl.load(x_at + q * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                x_hi = tl.load(x_at + (q + 4) * (K // 8), mask=x_ok, other=0.0).to(tl.float32)
+                part += lo * x_lo[:, None, :, :] + hi * x_hi[:, None, :, :]
+        acc += tl.sum(part, axis=3) * scale
+    return tl.sum(acc, axis=2)
+
+
+@triton.jit
+def _plain_dots(x_ptr, x_off, w_ptr, e_off, rows, ok,
+                K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                KP: tl.constexpr):  # fmt: skip
+    """The same for weights in the model dtype (rows of K values, x in natural order)."""
+    acc = tl.zeros([KP, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        xk = tl.load(x_ptr + x_off[:, None] + ks[None, :], mask=k_ok[None, :], other=0.0)
+        w = tl.load(
+            w_ptr + e_off[:, None, None] + rows[None, :, None] * K + ks[None, None, :],
+            mask=ok[:, :, None] & k_ok[None, None, :],
+            other=0.0,
+        )
+        acc += tl.sum(w.to(tl.float32) * xk.to(tl.float32)[:, None, :], axis=2)
     return acc
 
 
 @triton.jit
-def _gemv_up_kernel(
-    x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
-    hidden, inter, first, stride_x, stride_e, stride_n, s_stride_e, s_stride_n, alpha, limit,
-    TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PACKED: tl.constexpr,
-):  # fmt: skip
-    pair = tl.program_id(0)
-    e = tl.load(ids_ptr + pair).to(tl.int64) - first
-    if (e < 0) | (e >= LOCAL):
-        return
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < inter
-    x = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x
-    w = w_ptr + e * stride_e
-    s = s_ptr + e * s_stride_e
-    gate = _row_dot(x, w, s, n, n_ok, hidden, stride_n, s_stride_n, BLOCK_N, BLOCK_K, PACKED)
-    up = _row_dot(x, w, s, n + inter, n_ok, hidden, stride_n, s_stride_n, BLOCK_N, BLOCK_K,
-                  PACKED)  # fmt: skip
-    dtype = out_ptr.dtype.element_ty
-    gate = gate + tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
-    up = up + tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
-    gate = tl.minimum(gate.to(dtype).to(tl.float32), limit)
-    up = tl.minimum(tl.maximum(up.to(dtype).to(tl.float32), -limit), limit)
-    h = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
-    tl.store(out_ptr + pair.to(tl.int64) * inter + n, h.to(dtype), mask=n_ok)
+def _slots(ids_ptr, t, first, TOP_K: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr):
+    """(slot index [KP], whether each is a real pair of this rank's, its local expert)."""
+    slot = tl.arange(0, KP)
+    e = tl.load(ids_ptr + t * TOP_K + slot, mask=slot < TOP_K, other=0).to(tl.int64) - first
+    e_ok = (slot < TOP_K) & (e >= 0) & (e < LOCAL)
+    return slot, e_ok, tl.where(e_ok, e, 0)
 
 
 @triton.jit
-def _gemv_down_kernel(
-    h_ptr, ids_ptr, route_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
-    hidden, inter, first, stride_e, stride_n, s_stride_e, s_stride_n,
+def _up_kernel(
+    x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, out_ptr, first, stride_e, s_stride_e, alpha, limit,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
     LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
 ):  # fmt: skip
-    pair = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < hidden
+    n_ok = n < INTER
+    slot, e_ok, e = _slots(ids_ptr, t, first, TOP_K, KP, LOCAL)
+    ok = e_ok[:, None] & n_ok[None, :]
+    if PACKED:
+        # Gate and up rows interleaved in one tile (twice the loads in flight), split after.
+        r = tl.arange(0, 2 * BLOCK_N)
+        rows2 = tl.program_id(1) * BLOCK_N + r // 2 + (r % 2) * INTER
+        ok2 = e_ok[:, None] & ((tl.program_id(1) * BLOCK_N + r // 2) < INTER)[None, :]
+        both = _packed_dots(x_ptr, t * HIDDEN, w_ptr, s_ptr, e * stride_e, e * s_stride_e,
+                            rows2, ok2, HIDDEN, 2 * BLOCK_N, BLOCK_K, KP, True)  # fmt: skip
+        gate, up = tl.split(tl.reshape(both, (KP, BLOCK_N, 2)))
+    else:
+        x_off = tl.zeros([KP], tl.int64) + t * HIDDEN
+        gate = _plain_dots(x_ptr, x_off, w_ptr, e * stride_e, n, ok, HIDDEN, BLOCK_N, BLOCK_K, KP)
+        up = _plain_dots(x_ptr, x_off, w_ptr, e * stride_e, n + INTER, ok, HIDDEN, BLOCK_N,
+                         BLOCK_K, KP)  # fmt: skip
     dtype = out_ptr.dtype.element_ty
-    out = out_ptr + pair.to(tl.int64) * hidden + n
-    e = tl.load(ids_ptr + pair).to(tl.int64) - first
-    if (e < 0) | (e >= LOCAL):
-        tl.store(out, tl.zeros([BLOCK_N], tl.float32).to(dtype), mask=n_ok)
-        return
-    h = h_ptr + pair.to(tl.int64) * inter
-    y = _row_dot(h, w_ptr + e * stride_e, s_ptr + e * s_stride_e, n, n_ok, inter, stride_n,
-                 s_stride_n, BLOCK_N, BLOCK_K, PACKED)  # fmt: skip
-    y = (y + tl.load(b_ptr + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)).to(dtype)
-    route = tl.load(route_ptr + pair)
-    tl.store(out, (y.to(tl.float32) * route).to(dtype), mask=n_ok)
+    b = b_ptr + e[:, None] * 2 * INTER + n[None, :]
+    gate = gate + tl.load(b, mask=ok, other=0.0).to(tl.float32)
+    up = up + tl.load(b + INTER, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.minimum(gate.to(dtype).to(tl.float32), limit)
+    up = tl.minimum(tl.maximum(up.to(dtype).to(tl.float32), -limit), limit)
+    h = (gate * tl.sigmoid(gate * alpha) * (up + 1.0)).to(dtype)
+    row = (t * TOP_K + slot)[:, None] * INTER
+    store_ok = (slot < TOP_K)[:, None] & n_ok[None, :]
+    # Packed: in the q-major order the down kernel's _packed_dots reads.
+    to = (n % 8) * (INTER // 8) + n // 8 if PACKED else n
+    tl.store(out_ptr + row + to[None, :], h, mask=store_ok)
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, ids_ptr, route_ptr, w_ptr, s_ptr, b_ptr, out_ptr, first, stride_e, s_stride_e,
+    HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
+    LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < HIDDEN
+    slot, e_ok, e = _slots(ids_ptr, t, first, TOP_K, KP, LOCAL)
+    ok = e_ok[:, None] & n_ok[None, :]
+    h_off = (t * TOP_K + slot) * INTER
+    if PACKED:
+        y = _packed_dots(h_ptr, h_off, w_ptr, s_ptr, e * stride_e, e * s_stride_e, n, ok,
+                         INTER, BLOCK_N, BLOCK_K, KP, False)  # fmt: skip
+    else:
+        y = _plain_dots(h_ptr, h_off, w_ptr, e * stride_e, n, ok, INTER, BLOCK_N, BLOCK_K, KP)
+    dtype = out_ptr.dtype.element_ty
+    bias = tl.load(b_ptr + e[:, None] * HIDDEN + n[None, :], mask=ok, other=0.0)
+    y = (y + bias.to(tl.float32)).to(dtype).to(tl.float32)
+    route = tl.load(route_ptr + t * TOP_K + slot, mask=slot < TOP_K, other=0.0)
+    # Each pair rounded to the model dtype (as an unfused per-pair output), then summed.
+    y = (y * route[:, None]).to(dtype).to(tl.float32)
+    y = tl.sum(tl.where(ok, y, 0.0), axis=0)
+    tl.store(out_ptr + t * HIDDEN + n, y.to(dtype), mask=n_ok)
 
 
 def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe) -> torch.Tensor:
-    """The same as fused_moe.fused_moe, for a few pairs."""
+    """The same as fused_moe.fused_moe, for a few tokens."""
     tokens, hidden = x.shape
     top_k, inter = ids.shape[1], moe.inter
-    pairs = tokens * top_k
+    kp = triton.next_power_of_2(top_k)
     block_n, block_k, warps = CONFIG["mxfp4" if moe.packed else "bf16"]
     if moe.packed:
-        w13, s13, w2, s2 = moe.w13_blocks, moe.w13_scales, moe.w2_blocks, moe.w2_scales
-        st13 = (w13.stride(0), w13.stride(1), s13.stride(0), s13.stride(1))
-        st2 = (w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1))
+        w13 = moe.w13_blocks.view(torch.int32)
+        w2 = moe.w2_blocks.view(torch.int32)
+        s13, s2 = moe.w13_scales, moe.w2_scales
+        st13 = (w13.stride(0), s13.stride(0))
+        st2 = (w2.stride(0), s2.stride(0))
+        a = permute(x)
     else:
         w13, w2 = moe.w13, moe.w2
         s13, s2 = w13, w2  # unused
-        st13 = (w13.stride(0), w13.stride(1), 0, 0)
-        st2 = (w2.stride(0), w2.stride(1), 0, 0)
-    flat_ids = ids.reshape(-1)
-    x = x.contiguous()
-    act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
-    _gemv_up_kernel[(pairs, triton.cdiv(inter, block_n))](
-        x, flat_ids, w13, s13, moe.b13, act, hidden, inter, moe.first, x.stride(0), *st13,
-        moe.alpha, moe.limit, TOP_K=top_k, LOCAL=moe.local, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, num_warps=warps,
+        st13 = (w13.stride(0), 0)
+        st2 = (w2.stride(0), 0)
+        a = x.contiguous()
+    act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    for w in (w13, w2, s13, s2):
+        assert w.is_contiguous()
+    flat_ids = ids.reshape(-1).contiguous()
+    meta = dict(HIDDEN=hidden, INTER=inter, TOP_K=top_k, KP=kp, LOCAL=moe.local,
+                BLOCK_N=block_n, BLOCK_K=block_k, PACKED=moe.packed, num_warps=warps)  # fmt: skip
+    _up_kernel[(tokens, triton.cdiv(inter, block_n))](
+        a, flat_ids, w13, s13, moe.b13, act, moe.first, *st13, moe.alpha, moe.limit, **meta
+    )
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
+        act, flat_ids, weights.reshape(-1).contiguous(), w2, s2, moe.b2, out, moe.first, *st2,
+        **meta,
     )  # fmt: skip
-    out = torch.empty(pairs, hidden, dtype=x.dtype, device=x.device)
-    _gemv_down_kernel[(pairs, triton.cdiv(hidden, block_n))](
-        act, flat_ids, weights.reshape(-1), w2, s2, moe.b2, out, hidden, inter, moe.first,
-        *st2, LOCAL=moe.local, BLOCK_N=block_n, BLOCK_K=block_k, PACKED=moe.packed,
-        num_warps=warps,
-    )  # fmt: skip
-    return out.view(tokens, top_k, hidden).sum(1)
+    return out

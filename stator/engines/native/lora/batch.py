@@ -1,9 +1,15 @@
 """Which adapter each token of a step uses, in the layout the LoRA matmuls read.
 
 Tokens are grouped by adapter slot: `sorted_idx` lists the rows of every token that uses
-an adapter, slot 0's first, and `starts[s]:starts[s + 1]` is slot s's part of it (tokens of
-the base model are in no part). The GPU kernels read those two tensors (fixed shapes, so
-a decode CUDA graph replays them); the CPU path takes `groups`, one row index per slot.
+an adapter, slot 0's first; `tiles` cuts each slot's part of it into tiles of at most
+`TILE_M` tokens, one row `(slot, start in sorted_idx, count)` per tile. The GPU kernels
+run one program per tile (and column block), so no program looks at a slot the step does
+not use; tokens of the base model are in no tile. The CPU path takes `groups`, one row
+index per slot.
+
+A decode CUDA graph launches a fixed grid, so it is captured for the most tiles a step
+of its batch size can have (`max_tiles`); the rows past a step's own tiles have count 0
+and their programs return at once (`lora.graph_inputs`).
 """
 
 from __future__ import annotations
@@ -12,16 +18,28 @@ from dataclasses import dataclass, field
 
 import torch
 
+# Tokens per tile: the smallest M of a tensor-core dot in Triton. Decode steps give each
+# adapter a few tokens, so a larger tile would mostly multiply padding; a long prefill
+# re-reads its adapter's weights once per 16 tokens, from L2 (a few % of its base matmul).
+TILE_M = 16
+
 
 @dataclass
 class LoraBatch:
     sorted_idx: torch.Tensor  # [tokens using an adapter] int32, grouped by slot
-    starts: torch.Tensor  # [num_slots + 1] int32
+    tiles: torch.Tensor  # [tiles, 3] int32: (slot, start in sorted_idx, count <= TILE_M)
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (slot, rows)
     num_tokens: int = 0  # tokens of the step (all rows, adapter or not)
     # Zeroed float32 [projections, tokens, width] for every projection's shrink output:
     # one memset per step instead of one per projection (decode-sized steps on CUDA).
     workspace: torch.Tensor | None = None
+
+
+def max_tiles(num_tokens: int, num_slots: int) -> int:
+    """The most tiles `num_tokens` tokens over `num_slots` slots can make: k slots in use
+    make k + (tokens - k) // TILE_M at most, which grows with k."""
+    k = min(num_slots, num_tokens)
+    return k + (num_tokens - k) // TILE_M
 
 
 def token_slots(seq_slots: list[int], num_new: list[int]) -> list[int]:
@@ -43,13 +61,16 @@ def build_lora_batch(
     if not any(per_slot):
         return None
     flat: list[int] = []
-    starts = [0]
-    for rows in per_slot:
+    tiles: list[int] = []
+    for slot, rows in enumerate(per_slot):
+        for offset in range(0, len(rows), TILE_M):
+            tiles.extend((slot, len(flat) + offset, min(TILE_M, len(rows) - offset)))
         flat.extend(rows)
-        starts.append(len(flat))
+    # One host-to-device copy for both.
+    packed = torch.tensor(tiles + flat, dtype=torch.int32).to(device, non_blocking=True)
     batch = LoraBatch(
-        sorted_idx=torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True),
-        starts=torch.tensor(starts, dtype=torch.int32).to(device, non_blocking=True),
+        sorted_idx=packed[len(tiles) :],
+        tiles=packed[: len(tiles)].view(-1, 3),
         num_tokens=len(slots),
     )
     if groups:

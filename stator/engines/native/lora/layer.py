@@ -1,4 +1,5 @@
-"""`LoraLayer`: the adapter slots of one projection, applied after its base matmul.
+"""`LoraLayer`: the adapter slots of one projection, applied around its base matmul
+(`shrink` before it, `expand` after it).
 
 A projection of `n` shards (q/k/v: 3, gate/up: 2, others: 1) holds, per slot,
 `a` [n * R, in] (shard i's A in rows i*R..) and `b` [out, R] (each output row's B row, of
@@ -8,9 +9,17 @@ the tokens of each slot: Triton kernels on CUDA, a loop over the slots in use el
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from stator.engines.native.lora.batch import LoraBatch
+
+
+@dataclass
+class PendingLora:
+    x: torch.Tensor
+    h: torch.Tensor | None = None  # the shrink's output (CUDA)
 
 
 class LoraLayer:
@@ -28,14 +37,22 @@ class LoraLayer:
         self.bounds = bounds
         self.rank = rank
 
-    def apply(self, x: torch.Tensor, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
-        if x.is_cuda:
-            from stator.engines.native.kernels.lora import lora_expand, lora_shrink
+    def shrink(self, x: torch.Tensor, batch: LoraBatch) -> PendingLora:
+        """The first half, before the base matmul (CUDA: h = x @ A^T into the workspace)."""
+        if not x.is_cuda:
+            return PendingLora(x)  # the torch path does both halves in `expand`
+        from stator.engines.native.kernels.lora import lora_shrink
 
-            h = lora_shrink(x, self.a, batch, self.index)
-            lora_expand(h, self.b, y, batch, self.bounds, self.rank)
-            return y
-        return self._apply_torch(x, y, batch)
+        return PendingLora(x, lora_shrink(x, self.a, batch, self.index))
+
+    def expand(self, pending: PendingLora, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
+        """y (the base matmul's output) += the delta, in place on CUDA."""
+        if pending.h is None:
+            return self._apply_torch(pending.x, y, batch)
+        from stator.engines.native.kernels.lora import lora_expand
+
+        lora_expand(pending.h, self.b, y, batch, self.bounds, self.rank)
+        return y
 
     def _apply_torch(self, x: torch.Tensor, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
         r = self.rank

@@ -8,7 +8,8 @@ dequantization inside the fused kernel. Tensor parallelism splits the experts wh
 (expert parallel): rank r holds experts [r * E / n, (r + 1) * E / n), every rank routes
 every token, computes its own experts' share (their biases included) and one all-reduce
 sums the ranks. On the CPU the experts run one by one in PyTorch (the reference); on CUDA
-the fused Triton MoE (`kernels/fused_moe.py`) runs them all.
+the top-k and softmax run in one kernel (`kernels/moe_route.py`) and the fused Triton MoE
+(`kernels/fused_moe.py`) runs them all.
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ class MoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in float32, expert ids [T, k]) of each token."""
-        top, ids = torch.topk(self.router(x), self.top_k, dim=-1)
+        logits = self.router(x)
+        if logits.is_cuda:
+            from stator.engines.native.kernels.moe_route import route
+
+            return route(logits, self.top_k)
+        top, ids = torch.topk(logits, self.top_k, dim=-1)
         return torch.softmax(top.float(), dim=-1), ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

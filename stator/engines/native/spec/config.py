@@ -68,3 +68,18 @@ class SpeculativeConfig:
                 "--speculative-config: need 1 <= prompt_lookup_min <= prompt_lookup_max"
             )
         return config
+
+
+#: Verification steps run as CUDA graphs up to this many sequences: speculation pays at
+#: small batches, and every batch bucket costs a capture and its logits buffer.
+MAX_VERIFY_BATCH = 32
+
+
+def verify_tokens(value: str | dict[str, Any] | None) -> int:
+    """Tokens per sequence of a full verification step (the last real token and k drafts)
+    for the verify CUDA graphs, or 0 for none: no speculation, or EAGLE-3 (its head reads
+    target hidden states that the graphs do not return)."""
+    config = SpeculativeConfig.parse(value)
+    if config is None or config.method == "eagle3":
+        return 0
+    return 1 + config.num_speculative_tokens

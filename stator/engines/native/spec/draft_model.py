@@ -59,6 +59,7 @@ class DraftModelProposer:
             kv_cache_memory=str(num_blocks * per_block * elem),
             tensor_parallel_size=1,
             tune_gemv=False,
+            speculative_config="",  # the draft itself verifies nothing: no verify graphs
         )
         self.runner = ModelRunner(spec, draft_config, model_dir, max_model_len)
         if self.runner.num_blocks < num_blocks:

@@ -1,0 +1,506 @@
+"""The engine alone and the server through HTTP, on the same workload, in one call.
+
+An 8B-shaped Llama in bf16 with random weights (`--load-format dummy`; the bundled
+tokenizer, so the vocabulary is 4,096 and the LM head smaller than Llama-3's) serves two
+length profiles of N requests each:
+
+- heavy: input 600 ± 200, output 350 ± 87 tokens (normal, clipped);
+- sharegpt: long-tailed like ShareGPT (log-normal; means 221 in, 219 out).
+
+For each profile it measures (1) the engine alone: an `EngineCore` in a process of its own,
+every request added at once, stepped until done; (2) each server variant (`stator run`
+with its flags) through HTTP with `stator bench`'s load generator at concurrency 256,
+completions endpoint, exact lengths (ignore_eos), the same lengths as (1). It prints both,
+the busiest server process's CPU, and the workload's floor: prefill FLOPs at the measured
+bf16 matmul rate plus decode bytes (weights once per step at the batch cap, KV read per
+token) at the measured copy bandwidth, and each result's ratio to that floor. Also: batch-1
+decode tok/s and the decode step at batch 256.
+
+    python benchmarks/native_gpu_http_vs_engine.py [--num-requests 1000] \\
+        [--variant "default=" --variant "api2=--api-server-count 2"]
+    python benchmarks/native_gpu_http_vs_engine.py --device cpu --tiny --num-requests 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+BUNDLED = REPO / "stator" / "models" / "tiny-chat"
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+CONCURRENCY = 256
+
+
+# -- workloads -----------------------------------------------------------------------------
+
+
+def heavy(n: int, seed: int = 0) -> list[tuple[int, int]]:
+    rng = random.Random(f"heavy:{seed}")
+    return [
+        (
+            min(1400, max(16, round(rng.gauss(600, 200)))),
+            min(700, max(16, round(rng.gauss(350, 87)))),
+        )
+        for _ in range(n)
+    ]
+
+
+def sharegpt(n: int, seed: int = 0) -> list[tuple[int, int]]:
+    """Log-normal lengths: median 120 in / 130 out, long right tails (means 221 / 219 for the 1,000 of seed 0)."""
+    rng = random.Random(f"sharegpt:{seed}")
+    return [
+        (
+            min(3000, max(4, round(rng.lognormvariate(math.log(120), 1.1)))),
+            min(1500, max(4, round(rng.lognormvariate(math.log(130), 0.95)))),
+        )
+        for _ in range(n)
+    ]
+
+
+PROFILES = {"heavy": heavy, "sharegpt": sharegpt}
+
+
+def workload(args: argparse.Namespace, profile: str) -> list[tuple[int, int]]:
+    """The profile's lengths; an eighth of them with --tiny (a 1,024-token model)."""
+    lengths = PROFILES[profile](args.num_requests)
+    if args.tiny:
+        return [(max(4, i // 8), max(2, o // 8)) for i, o in lengths]
+    return lengths
+
+
+def model_dir(root: Path, tiny: bool) -> Path:
+    if tiny:
+        return BUNDLED
+    out = root / "llama-8b-shape"
+    out.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(BUNDLED / name, out / name)
+    tiny_cfg = json.loads((BUNDLED / "config.json").read_text())
+    cfg = {
+        **LLAMA_8B,
+        "vocab_size": tiny_cfg["vocab_size"],
+        "eos_token_id": tiny_cfg.get("eos_token_id"),
+    }
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+# -- the floor -----------------------------------------------------------------------------
+
+
+def device_rates(device: str) -> dict:
+    """bf16 matmul FLOP/s (8192³) and device copy bytes/s (read + written)."""
+    import torch
+
+    if device != "cuda":
+        return {"matmul_flops": 1e11, "copy_bytes_s": 2e10}
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    flops = 2 * 8192**3 * 20 / (time.perf_counter() - t)
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    return {"matmul_flops": flops, "copy_bytes_s": 2 * x.numel() * 20 / (time.perf_counter() - t)}
+
+
+def floor(lengths: list[tuple[int, int]], cfg: dict, rates: dict, max_seqs: int) -> dict:
+    """The least time any engine on this device could take: prefill FLOPs at the matmul
+    rate, plus decode steps (at most `max_seqs` tokens each) that stream every weight once
+    and each token's context KV once, at the copy bandwidth."""
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    kv_dim = cfg["num_key_value_heads"] * cfg["head_dim"]
+    vocab = cfg["vocab_size"]
+    params = layers * (2 * h * h + 2 * h * kv_dim + 3 * h * inter) + h * vocab
+    weight_bytes = 2 * params
+    kv_bytes_per_token = 2 * layers * 2 * kv_dim  # K and V, bf16
+    prefill_flops = 0.0
+    kv_read = 0.0
+    out_tokens = 0
+    for isl, osl in lengths:
+        prefill_flops += (
+            2 * params * isl + 2 * layers * isl * isl * cfg["num_attention_heads"] * cfg["head_dim"]
+        )
+        kv_read += kv_bytes_per_token * (osl * isl + osl * (osl - 1) / 2)
+        out_tokens += osl
+    steps = math.ceil(out_tokens / max_seqs)
+    prefill_s = prefill_flops / rates["matmul_flops"]
+    decode_s = (steps * weight_bytes + kv_read) / rates["copy_bytes_s"]
+    return {
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "seconds": prefill_s + decode_s,
+        "output_tokens": out_tokens,
+        "output_tok_s": out_tokens / (prefill_s + decode_s),
+    }
+
+
+# -- the engine alone (a subprocess: its GPU memory is gone before a server starts) --------
+
+
+def engine_alone_main(args: argparse.Namespace) -> None:
+    import torch
+
+    from stator.engines.native.config import NativeConfig
+    from stator.engines.native.engine_core import EngineCore
+    from stator.protocols import EngineRequest, SamplingOptions, StopConditions
+
+    root = Path(tempfile.mkdtemp())
+    mdir = model_dir(root, args.tiny)
+    config = NativeConfig(
+        device=args.device,
+        dtype="bfloat16" if args.device == "cuda" else "float32",
+        load_format="auto" if args.tiny else "dummy",
+        max_num_seqs=CONCURRENCY,
+    )
+    core = EngineCore(config, mdir)
+    vocab = core.spec.vocab_size
+    rng = random.Random(7)
+
+    def req(rid: str, isl: int, osl: int) -> EngineRequest:
+        return EngineRequest(
+            request_id=rid,
+            model="m",
+            token_ids=[rng.randrange(10, vocab) for _ in range(isl)],
+            sampling=SamplingOptions(temperature=0.0),
+            stop=StopConditions(max_tokens=osl, ignore_eos=True),
+        )
+
+    def drain() -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {}
+        while core.has_work():
+            for rid, out in core.step():
+                if out.token_ids:
+                    times.setdefault(rid, []).append(time.perf_counter())
+        return times
+
+    def closed_loop(reqs: list[EngineRequest]) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {}
+        todo = iter(reqs[CONCURRENCY:])
+        for r in reqs[:CONCURRENCY]:
+            core.add_request(r)
+        while core.has_work():
+            for rid, out in core.step():
+                if out.token_ids:
+                    times.setdefault(rid, []).append(time.perf_counter())
+                if out.finish_reason is not None:
+                    nxt = next(todo, None)
+                    if nxt is not None:
+                        core.add_request(nxt)
+        return times
+
+    def timed(run) -> dict:
+        start, c0 = time.perf_counter(), time.process_time()
+        times = run()
+        secs = time.perf_counter() - start
+        produced = sum(len(v) for v in times.values())
+        return {
+            "seconds": secs,
+            "output_tokens": produced,
+            "output_tok_s": produced / secs,
+            "cpu_pct": 100 * (time.process_time() - c0) / secs,
+        }
+
+    res: dict = {}
+    for trial in range(2):  # the second: the first compiles and warms
+        core.add_request(req(f"b1-{trial}", 32, 256))
+        t = drain()[f"b1-{trial}"]
+    res["b1_decode_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
+    # The decode step at the batch cap, contexts ~ the heavy profile's prompts.
+    for i in range(CONCURRENCY):
+        core.add_request(req(f"s{i}", 600, 40))
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
+        core.step()
+    for _ in range(3):
+        core.step()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    start, n = time.perf_counter(), 20
+    for _ in range(n):
+        core.step()
+    res["step_ms_at_256"] = 1e3 * (time.perf_counter() - start) / n
+    drain()
+    for name in args.profiles:
+        lengths = workload(args, name)
+        reqs = [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]
+        for r in reqs:
+            core.add_request(r)
+        res[name] = timed(drain)
+        if not args.closed_loop:
+            continue
+        # The same requests, at most CONCURRENCY in the engine at once (as the HTTP load
+        # generator sends them), so the two differ only by the process boundary and HTTP.
+        reqs = [req(f"{name}-c{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]
+        res[f"{name}_closed_loop"] = timed(lambda reqs=reqs: closed_loop(reqs))
+    print("ENGINE-ALONE " + json.dumps(res), flush=True)
+
+
+def engine_alone(args: argparse.Namespace, log: Path) -> dict:
+    cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
+    cmd += ["--num-requests", str(args.num_requests), "--profiles", *args.profiles]
+    cmd += ["--tiny"] if args.tiny else []
+    cmd += ["--closed-loop"] if args.closed_loop else []
+    with log.open("wb") as handle:
+        subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False, cwd=REPO)
+    text = log.read_text(errors="replace")
+    m = re.search(r"^ENGINE-ALONE (.*)$", text, re.M)
+    if not m:
+        raise RuntimeError(f"the engine-alone run failed:\n{text[-3000:]}")
+    return json.loads(m.group(1))
+
+
+# -- the server through HTTP ---------------------------------------------------------------
+
+
+def start_server(args: argparse.Namespace, mdir: Path, extra: list[str], log: Path):
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--device", args.device]
+    cmd += ["--model", str(mdir), "--max-num-seqs", str(CONCURRENCY)]
+    if not args.tiny:
+        cmd += ["--load-format", "dummy", "--dtype", "bfloat16"]
+    handle = log.open("wb")
+    proc = subprocess.Popen(cmd + extra, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        m = re.search(r"at (http://\S+)/v1", text)
+        if m:
+            return proc, m.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"stator run exited:\n{text[-3000:]}")
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(log.read_text(errors="replace")[-3000:])
+
+
+def process_tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:
+                pass
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return out
+
+
+def process_name(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(c.decode(errors="replace") for c in cmd if c)
+    if "core_process" in text:
+        return "engine core"
+    if "resource_tracker" in text:
+        return "resource tracker"
+    if "spawn_main" in text:
+        return "api server"
+    if "stator run" in text or "-m stator run" in text:
+        return "stator run"
+    return text[:40]
+
+
+def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path) -> dict:
+    from stator.bench.config import BenchConfig
+    from stator.bench.runner import run_benchmark
+
+    trace = tmp / "trace.jsonl"
+    with trace.open("w") as f:
+        for i, (isl, osl) in enumerate(lengths):  # a block id per request: no shared prefix
+            f.write(
+                json.dumps(
+                    {"timestamp": 0, "input_length": isl, "output_length": osl, "hash_ids": [i]}
+                )
+                + "\n"
+            )
+    cfg = BenchConfig(
+        url=url,
+        endpoint="completions",
+        tokenizer=str(BUNDLED),
+        trace=str(trace),
+        trace_block_size=1 << 20,
+        max_concurrency=CONCURRENCY,
+        num_requests=len(lengths),
+        warmup=8,
+        progress=False,
+        plots=False,
+    )
+    pids = process_tree(server_pid)
+    before, t0 = cpu_seconds(pids), time.perf_counter()
+    summary = asyncio.run(run_benchmark(cfg)).points[0].summary
+    after, wall = cpu_seconds(pids), time.perf_counter() - t0
+    cpu = {
+        f"{process_name(p)} ({p})": 100 * (after[p] - before[p]) / wall
+        for p in after
+        if p in before
+    }
+    return {
+        "ok": summary["successful_requests"],
+        "failed": summary["failed_requests"],
+        "output_tok_s": summary["output_token_throughput"]["avg"],
+        "itl_p50_ms": summary["inter_token_latency"].get("p50"),
+        "ttft_p50_ms": summary["time_to_first_token"].get("p50"),
+        "client_cpu_per_request": summary.get("client_cpu_per_request"),
+        "cpu_pct": cpu,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="the bundled model (CPU smoke test)")
+    ap.add_argument("--num-requests", type=int, default=1000)
+    ap.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=FLAGS for `stator run` (repeatable; default: one variant, its defaults)",
+    )
+    ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help=f"also time the engine alone with at most {CONCURRENCY} requests in it at once",
+    )
+    ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    if args.engine_alone:
+        engine_alone_main(args)
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = [v.partition("=")[::2] for v in args.variant] or [("default", "")]
+    res: dict = {"rates": device_rates(args.device), "http": {}}
+    tmp = Path(tempfile.mkdtemp())
+    mdir = model_dir(tmp, args.tiny)
+    cfg = json.loads((mdir / "config.json").read_text())
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    res["floor"] = {
+        name: floor(workload(args, name), cfg, res["rates"], CONCURRENCY) for name in args.profiles
+    }
+    if not args.skip_engine:
+        res["engine"] = engine_alone(args, out / "engine_alone.log")
+        print("engine alone:", json.dumps(res["engine"]), flush=True)
+    for name, flags in variants:
+        proc, url = start_server(args, mdir, shlex.split(flags), out / f"server_{name}.log")
+        try:
+            for profile in args.profiles:
+                r = http_bench(url, workload(args, profile), proc.pid, tmp)
+                res["http"].setdefault(name, {})[profile] = r
+                print(f"http {name} {profile}:", json.dumps(r), flush=True)
+                (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
+    print_table(res, args.profiles, [n for n, _ in variants])
+
+
+def print_table(res: dict, profiles: list[str], variants: list[str]) -> None:
+    rates = res["rates"]
+    eng = res.get("engine", {})
+    print(
+        f"\nmatmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s, copy "
+        f"{rates['copy_bytes_s'] / 1e12:.2f} TB/s; batch-1 decode "
+        f"{eng.get('b1_decode_tok_s', 0):.1f} tok/s; decode step at 256: "
+        f"{eng.get('step_ms_at_256', 0):.2f} ms"
+    )
+    print(
+        "| profile | setup | output tok/s | / engine | / floor | ITL p50 ms | ITL / step | busiest CPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    step = eng.get("step_ms_at_256")
+    for profile in profiles:
+        fl = res["floor"][profile]["output_tok_s"]
+        print(f"| {profile} | floor | {fl:.0f} | | 1.00 | | | |")
+        modes = [
+            (f"{profile}", "all at once"),
+            (f"{profile}_closed_loop", f"{CONCURRENCY} in flight"),
+        ]
+        runs = [(label, eng[key]) for key, label in modes if key in eng]
+        # The reference: the engine alone's better mode.
+        e = max((r for _, r in runs), key=lambda r: r["output_tok_s"], default=None)
+        for label, r in runs:
+            print(
+                f"| {profile} | engine alone ({label}) | {r['output_tok_s']:.0f} | "
+                f"{r['output_tok_s'] / e['output_tok_s']:.2f} | {r['output_tok_s'] / fl:.2f} "
+                f"| | | {r['cpu_pct']:.0f}% |"
+            )
+        for name in variants:
+            h = res["http"].get(name, {}).get(profile)
+            if not h:
+                continue
+            busiest = max(h["cpu_pct"].items(), key=lambda kv: kv[1], default=("-", 0))
+            vs = f"{h['output_tok_s'] / e['output_tok_s']:.2f}" if e else "-"
+            itl = h["itl_p50_ms"] or 0
+            ratio = f"{itl / step:.2f}" if step else "-"
+            print(
+                f"| {profile} | HTTP {name} ({h['ok']} ok, {h['failed']} failed) | "
+                f"{h['output_tok_s']:.0f} | {vs} | {h['output_tok_s'] / fl:.2f} | {itl:.1f} | "
+                f"{ratio} | {busiest[0]} {busiest[1]:.0f}% |"
+            )
+
+
+if __name__ == "__main__":
+    main()

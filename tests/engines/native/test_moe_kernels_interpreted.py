@@ -1,0 +1,97 @@
+"""GPT-OSS's MoE kernels (router, streaming decode kernels, grouped GEMMs byte- and
+word-wise, the expanded prefill path) run by Triton's interpreter on the CPU in float32,
+against the PyTorch reference, in tiny shapes: 5 or 6 experts, top-3 and top-4, a hidden
+size that no 128-value step divides, another tensor-parallel rank's experts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+_CHECK = r"""
+import dataclasses
+
+import torch
+import triton.runtime.interpreter as _interp
+
+_patch = _interp._patch_lang_tensor
+
+
+def _patched(tensor, scope):  # numpy 2 refuses int() of the interpreter's 1-element scalars
+    _patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+_interp._patch_lang_tensor = _patched
+
+from stator.engines.native import mxfp4
+from stator.engines.native.config import ModelSpec
+from stator.engines.native.kernels import fused_moe as fm
+from stator.engines.native.kernels import moe_dequant
+from stator.engines.native.kernels.moe_gemv import moe_gemv
+from stator.engines.native.kernels.moe_route import route
+from stator.engines.native.models.moe import MoE
+from stator.engines.native.sharding import TPShard
+from tests.engines.native.test_gpt_oss import GPT_OSS_20B
+
+
+def tiny(packed, experts, top_k, tp):
+    cfg = {**GPT_OSS_20B, "hidden_size": 96, "intermediate_size": 64,
+           "num_local_experts": experts, "num_experts_per_tok": top_k}
+    moe = MoE(dataclasses.replace(ModelSpec.from_dicts(cfg, {}), tp=tp), packed)
+    with torch.no_grad():
+        moe.init_dummy(torch.Generator().manual_seed(experts + top_k))
+        if packed:  # scales other than the dummy's one 2^-7
+            g = torch.Generator().manual_seed(1)
+            for s in (moe.w13_scales, moe.w2_scales):
+                s.copy_(torch.randint(118, 131, s.shape, generator=g, dtype=torch.uint8))
+        moe.router.weight.normal_(0, 0.3)
+    return moe
+
+
+def close(ours, ref, what):
+    err = float((ours - ref).abs().max() / ref.abs().max())
+    assert err < 1e-5, (what, err)
+
+
+torch.manual_seed(0)
+with torch.no_grad():
+    cases = [(True, 6, 4, TPShard()), (True, 6, 3, TPShard(rank=1, size=2)),
+             (False, 5, 3, TPShard()), (False, 6, 4, TPShard(rank=1, size=2))]
+    for packed, experts, top_k, tp in cases:
+        moe = tiny(packed, experts, top_k, tp)
+        what = (packed, experts, top_k, tp.size)
+        x = torch.randn(3, 96)
+        w_ref, i_ref = moe.route(x)  # torch.topk on the CPU
+        w, i = route(moe.router(x), top_k)
+        assert torch.equal(i, i_ref), what
+        assert torch.allclose(w, w_ref, atol=1e-6), what
+        ref = moe._reference(x, w_ref, i_ref)
+        close(moe_gemv(x, w, i, moe), ref, ("gemv",) + what)
+        xs = torch.randn(40, 96)  # grouped GEMMs: pairs above GEMV_MAX_PAIRS
+        ws, is_ = moe.route(xs)
+        ref = moe._reference(xs, ws, is_)
+        for mode in ("words", "bytes"):  # (tl.dot_scaled: no interpreter support)
+            fm.MXFP4_GEMM = mode
+            close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
+        if packed:
+            out = torch.empty(moe.local, 128, 96)
+            moe_dequant.expand(moe.w13_blocks, moe.w13_scales, out)
+            assert torch.equal(out, mxfp4.dequantize(moe.w13_blocks, moe.w13_scales, torch.float32))
+            moe_dequant.CHUNK = 2  # a short last chunk
+            moe_dequant.MIN_PAIRS = 64
+            close(fm.fused_moe(xs, ws, is_, moe), ref, ("expand",) + what)
+print("ok")
+"""
+
+
+def test_moe_kernels_match_the_reference_in_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -1,0 +1,92 @@
+"""`KvTransferAgent` between two CPU pools over TCP: the decode side keeps one connection
+per prefill server, survives the server dropping it, and never reuses a connection cut
+mid-exchange."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from stator.kv.block_copy import pool_shape
+from stator.kv.transfer.agent import KvTransferAgent, TransferError
+from stator.kv.transfer.config import TransferConfig
+
+
+@pytest.fixture
+async def pair():
+    pins = {"p1": [1, 2, 3]}
+    released: list[str] = []
+
+    async def release(pin: str) -> bool:
+        released.append(pin)
+        return pins.pop(pin, None) is not None
+
+    src = torch.randn(pool_shape(2, 8, 4, 2, 8))
+    prefill = KvTransferAgent(TransferConfig(kind="tcp"), src, pins=pins.get, release=release)
+    await prefill.serve()
+    decode = KvTransferAgent(TransferConfig(kind="tcp"), torch.zeros(pool_shape(2, 8, 4, 2, 8)))
+    yield prefill, decode, released
+    await decode.close()
+    await prefill.close()
+
+
+async def test_pulls_share_one_connection_and_reconnect_when_it_drops(pair):
+    prefill, decode, released = pair
+    transfer = prefill.describe()
+    for _ in range(3):
+        result = await decode.pull(transfer, "p1", [1, 2], [5, 6])
+        assert result.kind == "tcp" and result.blocks == 2
+        await decode._request(transfer, {"op": "acquire", "pin": "p1", "blocks": [3]})
+    assert torch.equal(decode.pool[:, :, [5, 6]], prefill.pool[:, :, [1, 2]])
+    assert len(decode._links) == 1 and len(prefill._clients) == 1
+    link = next(iter(decode._links.values()))
+    for client in list(prefill._clients):  # the server side drops it
+        client.close()
+    await asyncio.sleep(0.05)
+    await decode._request(transfer, {"op": "acquire", "pin": "p1", "blocks": [3]})
+    assert next(iter(decode._links.values())) is not link
+    await decode.release(transfer, "p1")
+    assert released == ["p1"]
+    with pytest.raises(TransferError, match="nothing pinned"):
+        await decode._request(transfer, {"op": "acquire", "pin": "p1", "blocks": [3]})
+
+
+async def test_an_exchange_cut_by_a_cancel_drops_its_connection(pair):
+    prefill, decode, _ = pair
+    transfer = prefill.describe()
+    await decode._request(transfer, {"op": "acquire", "pin": "p1", "blocks": [1]})
+    gate = asyncio.Event()
+
+    async def slow_release(pin: str) -> bool:
+        await gate.wait()
+        return True
+
+    prefill.on_release = slow_release
+    task = asyncio.ensure_future(decode._request(transfer, {"op": "release", "pin": "p1"}))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert decode._links == {}  # its late answer must not be read as the next one's
+    gate.set()
+    answer = await decode._request(transfer, {"op": "acquire", "pin": "p1", "blocks": [1]})
+    assert answer == {"ok": True}
+
+
+async def test_close_cuts_connected_decode_agents(pair):
+    prefill, decode, _ = pair
+    await decode._request(prefill.describe(), {"op": "acquire", "pin": "p1", "blocks": [1]})
+    await asyncio.wait_for(prefill.close(), 5)
+    assert prefill._clients == set()
+
+
+async def test_concurrent_first_pulls_end_up_on_one_connection(pair):
+    prefill, decode, _ = pair
+    transfer = prefill.describe()
+    message = {"op": "acquire", "pin": "p1", "blocks": [1]}
+    answers = await asyncio.gather(*(decode._request(transfer, message) for _ in range(5)))
+    assert answers == [{"ok": True}] * 5
+    await asyncio.sleep(0.05)  # the extra connections' server sides see them close
+    assert len(decode._links) == 1 and len(prefill._clients) == 1
