@@ -1,7 +1,7 @@
 """The planner's model of an aggregated worker (`stator/planner/sizing.py`) against a
 simulation of one mocker worker fed the Mooncake mix that `benchmarks/planner.py` replays.
 
-    PYTHONPATH=. python benchmarks/planner_model.py [--profile /tmp/stator-planner-bench-profile.json]
+    PYTHONPATH=. python benchmarks/planner_model.py [--profile FILE]
 
 The simulation is a discrete-event loop of a vLLM-style worker with the mocker's timing
 (`PolynomialTiming`, × `--slowdown`, ÷ `--speedup`, as planner.py's workers): Poisson

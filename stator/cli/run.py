@@ -49,8 +49,8 @@ WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit", "role"
 
 def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
     from stator.cli.worker import DOWNLOAD_FLAGS_SKIPPED
-    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig
@@ -97,8 +97,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stator.cli.worker import build_engine_config, second_phase, worker_model_dir
-    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig, ModelNotFound

@@ -3,15 +3,15 @@ the observation's, so a recorded log of observations replays to the same decisio
 
 One `RolePlanner` per (pool, role); `Planner` routes each observation to its own. Policies:
 
-- `sla`: predict the next interval's request rate, ISL and OSL from past intervals, then
-  size the role with `sizing` so the profile meets the targets (× `sla_headroom`). What
-  the model misses is learned from each interval, at the load it had, as two factors,
-  observed p90 / modelled (the median of the last six, each 0.5–4), that divide their targets: for TTFT (a p90
-  over a spread of prompt lengths is a multiple of the TTFT at the mean length) and for
-  ITL (the p90 gap is a steady multiple of the modelled mean gap, `sizing`). They
-  correct the modelled latency, not the engine's service time: scaling the service time
-  would also scale the modelled utilization, and a p90 that is long because some prompts
-  are long does not make the queue any busier.
+- `sla`: predict the next interval's request rate, and the mix (mean ISL, OSL, p90 ISL)
+  from past intervals, then size the role with `sizing` so the profile meets the targets
+  (× `sla_headroom`). What the model misses is learned from each interval, at the load
+  it had, as two factors, observed p90 / modelled (the median of the last six, each
+  0.5–4), that divide their targets: TTFT's and ITL's (the p90 gap is a steady multiple
+  of the modelled mean gap, `sizing`). They correct the modelled latency, not the
+  engine's service time: scaling the service time would also scale the modelled
+  utilization, and a p90 that is long because some prompts are long does not make the
+  queue any busier.
 - `load`: one worker more when any worker's KV usage or queue is over its threshold, one
   fewer when all are under the low thresholds.
 
@@ -122,7 +122,7 @@ class RolePlanner:
             self.mix.append((obs.requests, obs.isl, obs.osl, obs.isl_p90 or obs.isl))
         self.rates.append(obs.requests / interval)
         if self.config.policy == "sla":
-            desired, reason, extra = self._sla(obs, interval)
+            desired, reason, extra = self._sla(obs)
         else:
             desired, reason, extra = self._load(obs)
         desired, reason = self._bounded(now, obs.workers, desired, reason)
@@ -140,7 +140,7 @@ class RolePlanner:
 
     # -- policies --------------------------------------------------------------------
 
-    def _sla(self, obs: RoleObservation, interval: float) -> tuple[int, str, dict]:
+    def _sla(self, obs: RoleObservation) -> tuple[int, str, dict]:
         c = self.config
         assert self.profile is not None, "the sla policy needs a profile"
         rate = predict(self.rates, c.load_predictor, c.predictor_window)
@@ -169,10 +169,10 @@ class RolePlanner:
 
     def _mix(self) -> tuple[float, float, float]:
         """The predicted ISL, OSL and p90 ISL: the request-weighted means of the last
-        `mix_window` intervals. The mix changes slowly while one interval's mean is noisy (on the
-        Mooncake trace, with a prompt-length spread of 0.9× the mean, eight requests'
-        mean ISL is off by a third of it); a short window made one interval of long
-        prompts halve the modelled capacity."""
+        `mix_window` intervals. The mix changes slowly while one interval's mean is noisy
+        (on the Mooncake trace, with a prompt-length spread of 0.9× the mean, eight
+        requests' mean ISL is off by a third of it); a short window made one interval of
+        long prompts halve the modelled capacity."""
         recent = self.mix[-self.config.mix_window :]
         n = sum(m[0] for m in recent)
         if not n:

@@ -14,14 +14,15 @@ queueing term, and a model of aggregated workers Dynamo does not have in this fo
   step: a gap is drawn in proportion to the batch that makes it (a big batch makes more
   gaps, each longer), and prompt lengths spread the context. Measured on a simulation of
   a mocker worker fed the Mooncake mix (`benchmarks/planner_model.py`: mean ISL 11k, OSL
-  342, 0.3–0.9 req/s), the p90 gap is 0.95–1.07× the simulated mean gap and 1.07–1.21×
+  342, 0.3–0.9 req/s), the p90 gap is 0.94–1.07× the simulated mean gap and 1.07–1.20×
   this formula's mean gap at every rate, where the plain decode step missed it by
   1.4–1.8×, the more the busier the worker (which an additive correction cannot follow).
-  The near-constant ratio is left to the planner's multiplicative ITL correction.
+  The near-constant ratio is left to the planner's multiplicative ITL correction. TTFT
+  is the p90 prompt's prefill plus the M/D/1 wait plus one step. The rate a worker
+  sustains is the largest that meets every constraint (bisection).
 - TTFT targets are p90s: the p90 is the TTFT of the p90 prompt (`isl_p90`, from the
   frontend's ISL histogram) after the mean wait, not the mean prompt's; on the Mooncake
-  mix (ISL spread 0.9× the mean) that is 2–3× apart. TTFT is P plus the M/D/1 wait plus one step. The rate a
-  worker sustains is the largest that meets every constraint (bisection).
+  mix (ISL spread 0.9× the mean) the two are 2–3× apart.
 
 `slow` scales the profile's latencies (the planner's correction factors): prefill times by
 `slow_prefill`, decode steps by `slow_decode`.
