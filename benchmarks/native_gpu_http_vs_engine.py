@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import re
@@ -40,6 +39,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
+from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
 
 BUNDLED = REPO / "stator" / "models" / "tiny-chat"
 LLAMA_8B = {
@@ -58,35 +61,6 @@ LLAMA_8B = {
     "torch_dtype": "bfloat16",
 }
 CONCURRENCY = 256
-
-
-# -- workloads -----------------------------------------------------------------------------
-
-
-def heavy(n: int, seed: int = 0) -> list[tuple[int, int]]:
-    rng = random.Random(f"heavy:{seed}")
-    return [
-        (
-            min(1400, max(16, round(rng.gauss(600, 200)))),
-            min(700, max(16, round(rng.gauss(350, 87)))),
-        )
-        for _ in range(n)
-    ]
-
-
-def sharegpt(n: int, seed: int = 0) -> list[tuple[int, int]]:
-    """Log-normal lengths: median 120 in / 130 out, long right tails (means 221 / 219 for the 1,000 of seed 0)."""
-    rng = random.Random(f"sharegpt:{seed}")
-    return [
-        (
-            min(3000, max(4, round(rng.lognormvariate(math.log(120), 1.1)))),
-            min(1500, max(4, round(rng.lognormvariate(math.log(130), 0.95)))),
-        )
-        for _ in range(n)
-    ]
-
-
-PROFILES = {"heavy": heavy, "sharegpt": sharegpt}
 
 
 def workload(args: argparse.Namespace, profile: str) -> list[tuple[int, int]]:
@@ -112,67 +86,6 @@ def model_dir(root: Path, tiny: bool) -> Path:
     }
     (out / "config.json").write_text(json.dumps(cfg))
     return out
-
-
-# -- the floor -----------------------------------------------------------------------------
-
-
-def device_rates(device: str) -> dict:
-    """bf16 matmul FLOP/s (8192³) and device copy bytes/s (read + written)."""
-    import torch
-
-    if device != "cuda":
-        return {"matmul_flops": 1e11, "copy_bytes_s": 2e10}
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    for _ in range(3):
-        a @ a
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(20):
-        a @ a
-    torch.cuda.synchronize()
-    flops = 2 * 8192**3 * 20 / (time.perf_counter() - t)
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(20):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return {"matmul_flops": flops, "copy_bytes_s": 2 * x.numel() * 20 / (time.perf_counter() - t)}
-
-
-def floor(lengths: list[tuple[int, int]], cfg: dict, rates: dict, max_seqs: int) -> dict:
-    """The least time any engine on this device could take: prefill FLOPs at the matmul
-    rate, plus decode steps (at most `max_seqs` tokens each) that stream every weight once
-    and each token's context KV once, at the copy bandwidth."""
-    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    kv_dim = cfg["num_key_value_heads"] * cfg["head_dim"]
-    vocab = cfg["vocab_size"]
-    params = layers * (2 * h * h + 2 * h * kv_dim + 3 * h * inter) + h * vocab
-    weight_bytes = 2 * params
-    kv_bytes_per_token = 2 * layers * 2 * kv_dim  # K and V, bf16
-    prefill_flops = 0.0
-    kv_read = 0.0
-    out_tokens = 0
-    for isl, osl in lengths:
-        prefill_flops += (
-            2 * params * isl + 2 * layers * isl * isl * cfg["num_attention_heads"] * cfg["head_dim"]
-        )
-        kv_read += kv_bytes_per_token * (osl * isl + osl * (osl - 1) / 2)
-        out_tokens += osl
-    steps = math.ceil(out_tokens / max_seqs)
-    prefill_s = prefill_flops / rates["matmul_flops"]
-    decode_s = (steps * weight_bytes + kv_read) / rates["copy_bytes_s"]
-    return {
-        "prefill_s": prefill_s,
-        "decode_s": decode_s,
-        "seconds": prefill_s + decode_s,
-        "output_tokens": out_tokens,
-        "output_tok_s": out_tokens / (prefill_s + decode_s),
-    }
 
 
 # -- the engine alone (a subprocess: its GPU memory is gone before a server starts) --------
@@ -311,48 +224,6 @@ def start_server(args: argparse.Namespace, mdir: Path, extra: list[str], log: Pa
         time.sleep(0.5)
     proc.kill()
     raise TimeoutError(log.read_text(errors="replace")[-3000:])
-
-
-def process_tree(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-            except OSError:
-                pass
-    return out
-
-
-def cpu_seconds(pids: list[int]) -> dict[int, float]:
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            out[pid] = (int(fields[11]) + int(fields[12])) / tick
-        except OSError:
-            pass
-    return out
-
-
-def process_name(pid: int) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "?"
-    text = " ".join(c.decode(errors="replace") for c in cmd if c)
-    if "core_process" in text:
-        return "engine core"
-    if "resource_tracker" in text:
-        return "resource tracker"
-    if "spawn_main" in text:
-        return "api server"
-    if "stator run" in text or "-m stator run" in text:
-        return "stator run"
-    return text[:40]
 
 
 def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path) -> dict:

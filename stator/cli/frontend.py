@@ -14,6 +14,14 @@ from stator.config import add_flags, from_args
 log = logging.getLogger(__name__)
 
 
+def check_processor(kind: str) -> None:
+    """Fail at start, once, where `--processor vllm` cannot work (vLLM not installed)."""
+    if kind == "vllm":
+        from stator.frontend.processor.vllm import require_vllm
+
+        require_vllm()
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from stator.frontend.config import FrontendConfig
     from stator.frontend.http.api_servers import ApiServerConfig
@@ -53,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     pools = from_args(GlobalRouterConfig, args)
     try:
         servers.validate()
+        check_processor(frontend_config.processor)
         if pools.global_router_config:
             load_config(pools.global_router_config)  # a bad file fails here, once
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         log.error("%s", exc)
         return 2
     if servers.api_server_count == 1:

@@ -49,8 +49,8 @@ WORKER_SKIPPED = frozenset({"system_port", "endpoint", "migration_limit", "role"
 
 def _config_classes() -> list[tuple[str, type, frozenset[str]]]:
     from stator.cli.worker import DOWNLOAD_FLAGS_SKIPPED
-    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig
@@ -96,9 +96,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stator.cli.frontend import check_processor
     from stator.cli.worker import build_engine_config, second_phase, worker_model_dir
-    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.frontend.config import FrontendConfig
+    from stator.frontend.http.api_servers import ApiServerConfig
     from stator.router import RouterConfig
     from stator.worker.config import WorkerConfig
     from stator.worker.model_resolution import DownloadConfig, ModelNotFound
@@ -125,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         servers.validate()
     except ValueError as exc:
+        log.error("%s", exc)
+        return 2
+    try:
+        check_processor(frontend_config.processor)
+    except RuntimeError as exc:
         log.error("%s", exc)
         return 2
     try:
@@ -215,7 +221,10 @@ async def _serve(
 
     async def serve() -> None:
         async with running_frontend(frontend_runtime, frontend_config, router_config) as front:
-            await front.manager.wait_for_model(served, timeout=60.0)
+            # vLLM's processor builds vLLM's model config and renderer first: seconds on
+            # an idle CPU, minutes on a busy one.
+            ready = 600.0 if frontend_config.processor == "vllm" else 60.0
+            await front.manager.wait_for_model(served, timeout=ready)
             # The one line a user waits for: where to point their client.
             if run_config.disagg:
                 workers = (

@@ -20,6 +20,13 @@ class FrontendConfig:
         0.0,
         "Seconds a request for an unknown model waits for it to appear before a 404",
     )
+    processor: str = option(
+        "stator",
+        "Whose code renders chats, tokenizes, detokenizes and parses reasoning and tool "
+        "calls: stator (its own) or vllm (vLLM's classes, as under `vllm serve`; needs "
+        "vLLM installed here: pip install 'stator[vllm]')",
+        choices=["stator", "vllm"],
+    )
     responses_store_size: int = option(
         1024,
         "Responses kept in memory for `previous_response_id` (oldest evicted first)",

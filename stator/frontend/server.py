@@ -137,7 +137,9 @@ async def running_frontend(
     models of a route source (the global router) instead of this namespace's."""
     config = frontend_config or FrontendConfig(http_host="127.0.0.1", http_port=0)
     metrics = metrics or FrontendMetrics()
-    manager = ModelManager(runtime, router_config or RouterConfig(), metrics, routes)
+    manager = ModelManager(
+        runtime, router_config or RouterConfig(), metrics, routes, processor=config.processor
+    )
     await manager.start()
     app = create_app(manager, metrics, config)
     sock = _bind(config.http_host, config.http_port)
@@ -178,7 +180,9 @@ async def serve_frontend(
     (`stator frontend --api-server-count`). `routes`: serve the models of a route source
     (the global router) instead of this namespace's; `metrics`: a registry it shares."""
     metrics = metrics or FrontendMetrics()
-    manager = ModelManager(runtime, router_config, metrics, routes)
+    manager = ModelManager(
+        runtime, router_config, metrics, routes, processor=frontend_config.processor
+    )
     await manager.start()
     app = create_app(manager, metrics, frontend_config)
     sock = _bind(frontend_config.http_host, frontend_config.http_port, reuse_port)

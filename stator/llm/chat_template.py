@@ -236,6 +236,8 @@ class ChatTemplate:
         source = self.select(tools)
         template = compile_template(source)
         chat = _prepare_messages(messages)
+        if '"developer"' not in source and "'developer'" not in source:
+            chat = developer_as_system(chat)
         if documents is not None and not all(isinstance(d, dict) for d in documents):
             raise TemplateRenderError("documents must be a list of objects")
         if tools is not None and not all(isinstance(t, dict) for t in tools):
@@ -270,6 +272,42 @@ class ChatTemplate:
         if final is not None:
             rendered = _cut_at_continue_tag(rendered, final)
         return rendered
+
+
+def developer_as_system(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's `developer` messages for a template that never names that role: each
+    becomes a `system` message, and the system messages are then merged into one at the
+    front when there are several or one is not first (some templates take a system
+    message only there), as vLLM's server does. A template saw no `developer` turn in
+    training; rendering one would show the model a role it does not know."""
+    if not any(m.get("role") == "developer" for m in chat):
+        return chat
+    converted = [
+        {k: v for k, v in m.items() if k != "tools"} | {"role": "system"}
+        if m.get("role") == "developer"
+        else m
+        for m in chat
+    ]
+    system: list[str] = []
+    rest: list[dict[str, Any]] = []
+    merge = False
+    for i, message in enumerate(converted):
+        if message.get("role") != "system":
+            rest.append(message)
+            continue
+        merge = merge or i > 0 or bool(system)
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "\n".join(
+                p["text"] if isinstance(p, dict) else p
+                for p in content
+                if isinstance(p, str) or (isinstance(p, dict) and "text" in p)
+            )
+        if content:
+            system.append(content)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(system)}, *rest]
 
 
 def _cut_at_continue_tag(rendered: str, final: str) -> str:

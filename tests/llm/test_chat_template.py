@@ -194,3 +194,21 @@ def test_none_values_are_dropped_and_strftime_now_works():
     )
     out = template.render([{"role": "assistant", "content": None}])
     assert out.startswith("False") and out[5:].isdigit()
+
+
+def test_developer_becomes_system_where_the_template_does_not_name_it():
+    """As vLLM's server renders it: the template never saw a `developer` turn."""
+    template = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "developer", "content": [{"type": "text", "text": "D"}]},
+    ]
+    assert template.render(messages, add_generation_prompt=False) == "<system>S\n\nD<user>U"
+    alone = [{"role": "developer", "content": "D"}, {"role": "user", "content": "U"}]
+    assert template.render(alone, add_generation_prompt=False) == "<system>D<user>U"
+    knows = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'developer' %}[dev]{% endif %}"
+        "<{{ m.role }}>{{ m.content }}{% endfor %}"
+    )
+    assert knows.render(alone, add_generation_prompt=False) == "[dev]<developer>D<user>U"

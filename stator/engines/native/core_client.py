@@ -3,9 +3,8 @@
 The worker host serves this `Engine`; the `EngineCore` runs in `core_process.py`, a child
 started here, so the core's loop never waits on the host's asyncio, HTTP or per-request
 Python. Inputs (adds, aborts) made in one event-loop turn go out as one frame; each step
-comes back as one frame, which `_dispatch` spreads over the requests' streams. A stream
-whose reader has fallen behind merges its waiting deltas into one (`_Stream.take`), so a
-busy host does less work per token instead of more.
+comes back as one frame, which `_dispatch` spreads over the requests' streams
+(`core_stream.RequestStream`). The process and its sockets: `core_launch.CoreProcess`.
 
 When the core process dies (a crash, a failed step, a kill), every request in flight ends
 with `EngineDead`, and `health_check` fails: the host unregisters and its owner exits,
@@ -15,25 +14,18 @@ instead of streams that hang.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
-import json
 import logging
-import os
 import subprocess
-import sys
-import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
-import zmq
-import zmq.asyncio
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
 from stator.engines.native.config import ModelSpec, NativeConfig
+from stator.engines.native.core_launch import CoreProcess
 from stator.engines.native.core_messages import (
     ENCODER,
     OUTPUT_DECODER,
@@ -44,10 +36,10 @@ from stator.engines.native.core_messages import (
     CoreFailed,
     CoreInput,
     CoreInputs,
-    CoreReady,
     Shutdown,
     StepOutputs,
 )
+from stator.engines.native.core_stream import RequestStream
 from stator.engines.native.engine_admin import check_lora_name, check_sleep_allowed
 from stator.engines.native.models import model_class
 from stator.engines.native.native_card import CoreInfo, native_card
@@ -63,54 +55,6 @@ from stator.protocols import (
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-_STOP_GRACE_S = 30.0
-# After the core's pipe closes, how long a `CoreFailed` frame (the precise reason) may take
-# to arrive before the death is reported with the exit code alone.
-_LAST_WORDS_S = 0.2
-
-
-class _Stream:
-    """One request's deltas, waiting for its reader."""
-
-    __slots__ = ("cached", "emitted", "items", "prompt_tokens", "waiter")
-
-    def __init__(self, prompt_tokens: int) -> None:
-        self.items: collections.deque[EngineOutput | BaseException] = collections.deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.prompt_tokens = prompt_tokens
-        self.emitted = 0
-        self.cached = 0
-
-    def put(self, item: EngineOutput | BaseException) -> None:
-        self.items.append(item)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def take(self) -> EngineOutput:
-        while not self.items:
-            self.waiter = asyncio.get_running_loop().create_future()
-            await self.waiter
-            self.waiter = None
-        first = self.items.popleft()
-        if isinstance(first, BaseException):
-            raise first
-        # Deltas that piled up while the reader was busy go out as one.
-        while self.items and first.finish_reason is None:
-            nxt = self.items[0]
-            if isinstance(nxt, BaseException) or nxt.prompt_logprobs is not None:
-                break
-            if (first.logprobs is None) != (nxt.logprobs is None):
-                break
-            self.items.popleft()
-            first.token_ids.extend(nxt.token_ids)
-            if first.logprobs is not None and nxt.logprobs is not None:
-                first.logprobs.extend(nxt.logprobs)
-            first.finish_reason, first.stop_token_id = nxt.finish_reason, nxt.stop_token_id
-            first.error, first.error_code = nxt.error, nxt.error_code
-            first.usage, first.disagg = nxt.usage, nxt.disagg
-        return first
-
 
 class CoreProcessEngine(Engine):
     def __init__(self, config: NativeConfig, model_path: str, served_name: str) -> None:
@@ -120,8 +64,8 @@ class CoreProcessEngine(Engine):
         # Fail fast on a directory we cannot serve (missing config, unknown architecture).
         model_class(ModelSpec.from_dir(model_path).architecture)
         self.info: CoreInfo | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._streams: dict[str, _Stream] = {}
+        self._core = CoreProcess()
+        self._streams: dict[str, RequestStream] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._call_ids = itertools.count()
         self._outbox: list[CoreInput] = []
@@ -133,11 +77,11 @@ class CoreProcessEngine(Engine):
         self._lora_locks: dict[str, asyncio.Lock] = {}
         self._sleep_level: int | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self._death_fd: int | None = None
-        self._push: zmq.Socket | None = None
-        self._pull: zmq.asyncio.Socket | None = None
-        self._contexts: list[zmq.Context] = []
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        """The core's process (None before `start`)."""
+        return self._core.proc
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -147,122 +91,38 @@ class CoreProcessEngine(Engine):
                 f"--role {self.role}: the KV transfer agent runs next to the core; start the "
                 "worker with --engine-core-process off"
             )
-        loop = asyncio.get_running_loop()
-        self._tmp = tempfile.TemporaryDirectory(prefix="stator-core-")
-        inputs, outputs = (f"ipc://{self._tmp.name}/{n}" for n in ("inputs", "outputs"))
-        sync_ctx, async_ctx = zmq.Context(), zmq.asyncio.Context()
-        self._contexts = [sync_ctx, async_ctx]
-        self._push = sync_ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.SNDHWM, 0)
-        self._push.bind(inputs)
-        self._pull = async_ctx.socket(zmq.PULL)
-        self._pull.bind(outputs)
         args = {
             "config": msgspec.to_builtins(self.config),
             "model_dir": self.model_path,
             "worker_id": self.worker_id,
-            "inputs": inputs,
-            "outputs": outputs,
             "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
         }
-        # The core holds `write` open for its whole life: EOF on `read` is its death.
-        read, write = os.pipe()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        cmd = [sys.executable, "-m", "stator.engines.native.core_process", json.dumps(args)]
-        try:
-            # stdin stays open for the core's whole life: its EOF tells the core to exit.
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, env=env, pass_fds=(write,))
-        finally:
-            os.close(write)
-        self._death_fd = read
-        exited = loop.create_future()
-        loop.add_reader(read, self._on_core_exit, exited)
-        first = asyncio.ensure_future(self._pull.recv())
-        try:
-            await asyncio.wait({first, exited}, return_when=asyncio.FIRST_COMPLETED)
-            if not first.done():
-                await asyncio.wait({first}, timeout=_LAST_WORDS_S)
-            if not first.done():
-                raise EngineError(f"the engine core process exited ({self._exit_status()})")
-            message = OUTPUT_DECODER.decode(first.result())
-            if isinstance(message, CoreFailed):
-                raise EngineError(f"the engine core failed to start: {message.reason}")
-            assert isinstance(message, CoreReady), message
-        except BaseException:
-            first.cancel()
-            await self._close()
-            raise
-        self.info = message.info
-        self._loras = dict(message.loras)
+        ready = await self._core.start(args, on_exit=self._on_core_gone)
+        self.info = ready.info
+        self._loras = dict(ready.loras)
         self._reader = asyncio.create_task(self._read(), name="native-core-reader")
-        log.info("engine core process started (pid %d)", self.proc.pid)
-
-    def _on_core_exit(self, exited: asyncio.Future[None]) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._death_fd is not None
-        loop.remove_reader(self._death_fd)
-        if not exited.done():
-            exited.set_result(None)
-        if self._reader is not None:
-            loop.call_later(_LAST_WORDS_S, self._on_core_gone)
 
     def _on_core_gone(self) -> None:
-        self._die(f"the engine core process exited ({self._exit_status()})")
-
-    def _exit_status(self) -> str:
-        code = None
-        if self.proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                code = self.proc.wait(timeout=_LAST_WORDS_S)
-        return "still running" if code is None else f"code {code}"
+        self._die(f"the engine core process exited ({self._core.exit_status()})")
 
     async def shutdown(self) -> None:
-        if self.proc is not None and self.proc.poll() is None and self._dead is None:
+        asked = self._core.running() and self._dead is None
+        if asked:
             self._outbox.append(Shutdown())
             self._flush()
         for rid in list(self._streams):
             self._finish(rid, EngineOutput(finish_reason="abort"))
-        await self._close()
-
-    async def _close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader
             self._reader = None
-        proc = self.proc
-        if proc is not None:
-            if proc.stdin is not None:
-                proc.stdin.close()  # the core exits on EOF even when its loop is stuck
-            loop = asyncio.get_running_loop()
-            try:
-                await asyncio.wait_for(loop.run_in_executor(None, proc.wait), _STOP_GRACE_S)
-            except TimeoutError:
-                log.warning("engine core pid %d did not stop; killing it", proc.pid)
-                proc.kill()
-                await loop.run_in_executor(None, proc.wait)
-        if self._death_fd is not None:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._death_fd)
-            os.close(self._death_fd)
-            self._death_fd = None
-        for sock in (self._push, self._pull):
-            if sock is not None:
-                sock.close(linger=0)
-        for ctx in self._contexts:
-            ctx.term()
-        self._contexts = []
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        await self._core.close(wait_for_exit=asked)
 
     async def health_check(self) -> None:
         if self._dead is not None:
             raise EngineDead(self._dead)
-        if self.proc is None or self.proc.poll() is not None:
+        if not self._core.running():
             raise EngineDead("the engine core process is not running")
 
     # -- requests ------------------------------------------------------------------------
@@ -279,7 +139,7 @@ class CoreProcessEngine(Engine):
         rid = request.request_id
         if rid in self._streams:
             raise EngineError(f"request id {rid!r} is already running")
-        stream = _Stream(len(request.token_ids))
+        stream = RequestStream(len(request.token_ids))
         self._streams[rid] = stream
         self._send(AddRequest(request))
         try:
@@ -303,7 +163,7 @@ class CoreProcessEngine(Engine):
                 cached_tokens=stream.cached,
             )
             self._finish(request_id, EngineOutput(finish_reason="abort", usage=usage))
-        if self._dead is None and self.proc is not None:
+        if self._dead is None and self._core.running():
             self._send(AbortRequest(request_id))
 
     def _send(self, item: CoreInput) -> None:
@@ -313,14 +173,12 @@ class CoreProcessEngine(Engine):
 
     def _flush(self) -> None:
         items, self._outbox = self._outbox, []
-        if items and self._push is not None and self._dead is None:
-            self._push.send(ENCODER.encode(CoreInputs(items=items)), zmq.NOBLOCK, copy=False)
+        if items and self._dead is None:
+            self._core.send(ENCODER.encode(CoreInputs(items=items)))
 
     async def _read(self) -> None:
-        assert self._pull is not None
         while True:
-            frame = await self._pull.recv(copy=False)
-            self._dispatch(OUTPUT_DECODER.decode(frame.buffer))
+            self._dispatch(OUTPUT_DECODER.decode(await self._core.recv()))
 
     def _dispatch(self, message: Any) -> None:
         if isinstance(message, StepOutputs):

@@ -30,6 +30,7 @@ from stator.frontend.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     ResponsesRequest,
+    SamplingFields,
 )
 from stator.frontend.openai.responses_api import create_response
 from stator.frontend.pipelines.manager import ModelManager
@@ -45,10 +46,14 @@ Body = TypeVar("Body", bound=BaseModel)
 
 
 async def _parse(request: Request, model: type[Body]) -> Body:
+    raw = await request.body()
     try:
-        return model.model_validate_json(await request.body())
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
         raise errors.validation_error(exc.errors()) from None
+    if isinstance(body, SamplingFields):
+        body._raw = raw
+    return body
 
 
 _SCHEMA_REF = "#/components/schemas/{model}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 StopField = str | list[str] | None
@@ -79,6 +79,9 @@ class SamplingFields(BaseModel):
     integer (pydantic's lax mode took both)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
+    # The body as the client sent it (set by the route): vLLM's processor reads its own
+    # request model from it, fields this model does not know included.
+    _raw: bytes | None = PrivateAttr(default=None)
 
     model: str
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None

@@ -81,6 +81,9 @@ def translate(
         "temperature": body.temperature,
         "top_p": body.top_p,
         "reasoning_effort": body.reasoning.effort if body.reasoning else None,
+        # A processor that parses streams and whole outputs differently (vLLM's) parses
+        # as the response is delivered.
+        "stream": body.stream,
     }
     try:
         chat = ChatCompletionRequest.model_validate(

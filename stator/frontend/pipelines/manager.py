@@ -77,8 +77,10 @@ class ModelManager:
         router_config: RouterConfig,
         metrics=None,
         routes: RouteSource | None = None,
+        processor: str = "stator",
     ) -> None:
         self.runtime = runtime
+        self.processor = processor
         self.routes = routes
         self.router_config = router_config
         self.metrics = metrics
@@ -159,6 +161,7 @@ class ModelManager:
             self.metrics,
             allowed_workers=allowed,
             router=entry.router,
+            processor=self.processor,
         )
         log.info("pipeline for %s ready", entry.name)
         return pipeline

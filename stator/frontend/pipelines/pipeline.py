@@ -14,8 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from stator.frontend.metrics import FrontendMetrics
-from stator.frontend.processor import PreparedRequest, Processor
-from stator.frontend.processor.stator import StatorProcessor
+from stator.frontend.processor import PreparedRequest, Processor, create_processor
 from stator.frontend.routing import ChoiceStream, RouterClient
 from stator.protocols import ModelCard
 from stator.router import RouterConfig
@@ -48,13 +47,15 @@ class ModelPipeline:
         metrics: FrontendMetrics,
         allowed_workers: Callable[[], Collection[int]] | None = None,
         router: Any = None,
+        processor: str = "stator",
     ) -> ModelPipeline:
-        """`allowed_workers` and `router`: as `RouterClient.create` takes them."""
-        processor = await StatorProcessor.create(card, metrics)
+        """`allowed_workers` and `router`: as `RouterClient.create` takes them;
+        `processor`: which `Processor` ("stator" or "vllm")."""
+        built = await create_processor(processor, card, metrics)
         routes = await RouterClient.create(
             runtime, card, endpoint, router_config, metrics, allowed_workers, router
         )
-        return cls(card, processor, routes, metrics)
+        return cls(card, built, routes, metrics)
 
     @property
     def router(self) -> Any:

@@ -7,6 +7,8 @@ gets its own request id and, when the request is seeded, its own seed far from t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from stator.protocols import EngineRequest
@@ -23,10 +25,14 @@ def choice_seed(seed: int | None, index: int) -> int | None:
 
 
 def fan_out(
-    request: EngineRequest, request_id: str, prompt_index: int, n: int
+    request: EngineRequest,
+    request_id: str,
+    prompt_index: int,
+    n: int,
+    seed_of: Callable[[int | None, int], int | None] = choice_seed,
 ) -> list[EngineRequest]:
     """The `n` engine requests of one prompt, indexed `prompt_index * n + choice`; the
-    request of index 0 keeps `request_id`."""
+    request of index 0 keeps `request_id`. `seed_of(seed, choice)`: each choice's seed."""
     if n == 1 and request.sampling.n == 1 and request.request_id == request_id and not prompt_index:
         return [request]  # the common case: nothing to change
     sampling = msgspec.structs.replace(request.sampling, n=1)
@@ -34,7 +40,7 @@ def fan_out(
     for c in range(n):
         index = prompt_index * n + c
         choice_sampling = (
-            msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, c)) if c else sampling
+            msgspec.structs.replace(sampling, seed=seed_of(sampling.seed, c)) if c else sampling
         )
         out.append(
             msgspec.structs.replace(

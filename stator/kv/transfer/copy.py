@@ -14,8 +14,8 @@ The ways to copy (`METHODS`), all enqueued on the destination's current stream:
 Measured on 2×H200 (link: 396 GB/s for one `copy_`; benchmarks/README.md), 8B-shaped
 2 MiB blocks, one process, scattered ids of a 1k / 8k / 32k-token prompt: `runs` 140 /
 183 / 193 GB/s (two torch indexing passes around the crossing), `push` 271 / 348 / 353,
-`pull` 255 / 348 / 363; consecutive ids: `runs` 315 / 345 / 349, the kernels within 15%
-(less at 1k). Pipelining a gather / copy-engine copy / scatter over staging buffers
+`pull` 255 / 348 / 363; consecutive ids: `runs` 315 / 345 / 349, the kernels within 2% at
+8k and 32k but 13-23% behind at 1k. Pipelining a gather / copy-engine copy / scatter over staging buffers
 reached only 122-266 GB/s (host-bound launches), so it is not kept.
 """
 
