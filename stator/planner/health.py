@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from aiohttp import web
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     generate_latest,
 )
+
+from stator.runtime.status_port import StatusPort
 
 log = logging.getLogger(__name__)
 
@@ -100,43 +100,20 @@ class ObservationHealth:
         self.last_success.set_to_current_time()
 
 
-class StatusServer:
+class StatusServer(StatusPort):
     """`/metrics` (the planner's registry), `/live` (the process answers: always 200) and
     `/health` (200 while the planner sees its traffic, 503 with the reason while not)."""
 
     def __init__(self, registry: CollectorRegistry, health: ObservationHealth, port: int) -> None:
+        super().__init__("0.0.0.0", port)
         self.registry = registry
-        self.health = health
-        self.port = port
-        self._runner: web.AppRunner | None = None
+        self.observation = health
 
-    async def start(self, bind: str = "0.0.0.0") -> None:
-        app = web.Application()
-        app.router.add_get("/live", self._live)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, bind, self.port)
-        await site.start()
-        server = site._server  # port 0 asks for any free port; report the one we got
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+    def health(self) -> tuple[dict, int]:
+        seen = self.observation
+        if seen.ok:
+            return {"status": "healthy"}, 200
+        return {"status": "blind", "error": seen.error, "failures": seen.failures}, 503
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def _live(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "live"})
-
-    async def _health(self, request: web.Request) -> web.Response:
-        if self.health.ok:
-            return web.json_response({"status": "healthy"})
-        body = {"status": "blind", "error": self.health.error, "failures": self.health.failures}
-        return web.json_response(body, status=503)
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        payload = generate_latest(self.registry)
-        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    def metrics(self) -> bytes:
+        return generate_latest(self.registry)

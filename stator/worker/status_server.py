@@ -6,43 +6,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
+
+from stator.runtime.status_port import StatusPort
 
 if TYPE_CHECKING:
     from stator.worker.host import WorkerHost
 
 
-class StatusServer:
+class StatusServer(StatusPort):
     def __init__(self, host: WorkerHost, bind: str, port: int) -> None:
+        super().__init__(bind, port)
         self.host = host
-        self.bind = bind
-        self.port = port
-        self._runner: web.AppRunner | None = None
 
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/live", self._live)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.bind, self.port)
-        await site.start()
-        # Port 0 asks for any free port; report the one we got.
-        server = site._server
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def _live(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "live"})
-
-    async def _health(self, request: web.Request) -> web.Response:
+    def health(self) -> tuple[dict, int]:
         host = self.host
         body = {
             "status": "healthy" if host.healthy else "unhealthy",
@@ -52,9 +29,8 @@ class StatusServer:
         }
         if host.failure:
             body["error"] = host.failure
-        return web.json_response(body, status=200 if host.healthy else 503)
+        return body, 200 if host.healthy else 503
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    def metrics(self) -> bytes:
         metrics = self.host.metrics
-        payload = generate_latest(metrics.registry) if metrics is not None else b""
-        return web.Response(body=payload, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return generate_latest(metrics.registry) if metrics is not None else b""
