@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
+from stator.engines.native.admission import admit
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.core_launch import CoreProcess
 from stator.engines.native.core_messages import (
@@ -129,16 +130,8 @@ class CoreProcessEngine(Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         self._alive()
-        if self._sleep_level is not None:
-            raise EngineError(
-                f"the engine is asleep (sleep level {self._sleep_level}): wake it up first"
-            )
-        if not request.lora_name and request.model in self._loras:
-            # A request to an adapter's own model card names the adapter as its model.
-            request = msgspec.structs.replace(request, lora_name=request.model)
+        request = admit(request, self._sleep_level, self._loras, self._streams)
         rid = request.request_id
-        if rid in self._streams:
-            raise EngineError(f"request id {rid!r} is already running")
         stream = RequestStream(len(request.token_ids))
         self._streams[rid] = stream
         self._send(AddRequest(request))

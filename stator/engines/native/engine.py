@@ -17,9 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import msgspec
-
-from stator.engines.base import Engine, EngineDead, EngineError
+from stator.engines.base import Engine, EngineDead
+from stator.engines.native.admission import admit
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.core_metrics import core_metrics
 from stator.engines.native.engine_admin import LoraAndSleep
@@ -115,16 +114,8 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         core = self._core()
-        if self._sleep_level is not None:
-            raise EngineError(
-                f"the engine is asleep (sleep level {self._sleep_level}): wake it up first"
-            )
-        if not request.lora_name and request.model in core.adapters:
-            # A request to an adapter's own model card names the adapter as its model.
-            request = msgspec.structs.replace(request, lora_name=request.model)
+        request = admit(request, self._sleep_level, core.adapters, self._streams)
         rid = request.request_id
-        if rid in self._streams:
-            raise EngineError(f"request id {rid!r} is already running")
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self._streams[rid] = queue
         disagg = request.disagg
