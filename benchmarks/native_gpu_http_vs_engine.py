@@ -30,7 +30,6 @@ import os
 import random
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,25 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from native_gpu_serve import make_8b_dir  # noqa: E402
 from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
 
 BUNDLED = REPO / "stator" / "models" / "tiny-chat"
-LLAMA_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
 CONCURRENCY = 256
 
 
@@ -72,20 +57,7 @@ def workload(args: argparse.Namespace, profile: str) -> list[tuple[int, int]]:
 
 
 def model_dir(root: Path, tiny: bool) -> Path:
-    if tiny:
-        return BUNDLED
-    out = root / "llama-8b-shape"
-    out.mkdir(exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(BUNDLED / name, out / name)
-    tiny_cfg = json.loads((BUNDLED / "config.json").read_text())
-    cfg = {
-        **LLAMA_8B,
-        "vocab_size": tiny_cfg["vocab_size"],
-        "eos_token_id": tiny_cfg.get("eos_token_id"),
-    }
-    (out / "config.json").write_text(json.dumps(cfg))
-    return out
+    return BUNDLED if tiny else make_8b_dir(root)
 
 
 # -- the engine alone (a subprocess: its GPU memory is gone before a server starts) --------

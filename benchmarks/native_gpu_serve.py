@@ -49,7 +49,7 @@ LLAMA_8B = {
 
 def make_8b_dir(root: Path) -> Path:
     out = root / "llama-8b-shape"
-    out.mkdir()
+    out.mkdir(exist_ok=True)  # a script's engine-alone subprocess writes the same directory
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         if (BUNDLED / name).exists():
             shutil.copy(BUNDLED / name, out / name)
