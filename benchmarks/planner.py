@@ -50,6 +50,7 @@ from benchmarks.planner_experiment import (  # noqa: E402
     add_arguments,
     intervals,
     pct,
+    profile_path,
     runs,
     share_met,
     trace_requests,
@@ -209,7 +210,7 @@ def worker_flags(args, discovery: str) -> list[str]:
 
 
 async def profile_mocker(args) -> PerfProfile:
-    path = Path(args.profile)
+    path = Path(profile_path(args))
     if path.exists():
         return PerfProfile.load(path)
     config = MockerConfig(
@@ -262,6 +263,7 @@ async def run_one(kind: str, arg: str, plan: list[Arrival], args, workdir: Path)
             await wait_live(url, max(1, config.min_workers))
             planner_task = asyncio.create_task(planner.run(stop))
         t_start = time.monotonic()
+        load_at_start = os.getloadavg()[0]
         records, _ = await replay(url, plan)
         t_end = time.monotonic()
     finally:
@@ -291,6 +293,7 @@ async def run_one(kind: str, arg: str, plan: list[Arrival], args, workdir: Path)
         "itl_p90_ms": pct([g * args.time_scale * 1000 for r in records for _, g in r.gaps], 90),
         "windows": windows,
         "load_average": load_average,
+        "load_average_start": load_at_start,
     }
     if planner is not None:
         result["decisions"] = [
@@ -374,7 +377,7 @@ def main() -> None:
             f"{result['intervals']} intervals, {result['worker_seconds']:8.0f} worker-s, "
             f"p90 TTFT {result['ttft_p90_ms']:7.0f} ms, p90 ITL {result['itl_p90_ms']:5.1f} ms, "
             f"{result['failed']} failed {result['failures'][:2]}, "
-            f"load average {result['load_average']:.1f}",
+            f"load average {result['load_average_start']:.1f} -> {result['load_average']:.1f}",
             flush=True,
         )
         Path(args.out).write_text(json.dumps(results, indent=1))

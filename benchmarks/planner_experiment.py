@@ -40,7 +40,16 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-input-tokens", type=int, default=32768)
     add("--slowdown", type=float, default=4.0, help="worker times x this (a slower GPU)")
     add("--time-scale", type=float, default=2.0, help="wall = simulated / this")
-    add("--profile", default="/tmp/stator-planner-bench-profile.json", help="PerfProfile")
+    add(
+        "--profile",
+        help="the workers' PerfProfile (default: /tmp/stator-planner-bench-profile-tsN.json "
+        "for time scale N; planner.py measures it there when it is missing)",
+    )
+
+
+def profile_path(args) -> str:
+    """The profile must be measured at the workers' speed: one file per time scale."""
+    return args.profile or f"/tmp/stator-planner-bench-profile-ts{args.time_scale:g}.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser, runs: str) -> None:

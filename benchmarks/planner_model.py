@@ -24,7 +24,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.planner_experiment import add_trace_arguments, trace_requests  # noqa: E402
+from benchmarks.planner_experiment import (  # noqa: E402
+    add_trace_arguments,
+    profile_path,
+    trace_requests,
+)
 from stator.engines.mocker.timing import PolynomialTiming, StepShape  # noqa: E402
 from stator.planner import sizing  # noqa: E402
 from stator.planner.profile import PerfProfile  # noqa: E402
@@ -90,7 +94,7 @@ def main() -> None:
     pairs = trace_pairs(args)
     isl = float(np.mean([p[0] for p in pairs]))
     osl = float(np.mean([p[1] for p in pairs]))
-    profile = PerfProfile.load(args.profile)
+    profile = PerfProfile.load(profile_path(args))
     print(f"{len(pairs)} requests: mean ISL {isl:.0f}, OSL {osl:.0f}; gaps in wall ms")
     print("rate  sim p90  sim mean  model p90 (mean gap)  sim p90 / model")
     for rate in (float(r) for r in args.rates.split(",")):

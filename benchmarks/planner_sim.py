@@ -33,6 +33,7 @@ from benchmarks.planner_experiment import (  # noqa: E402
     Record,
     add_arguments,
     intervals,
+    profile_path,
     runs,
     share_met,
     trace_requests,
@@ -255,7 +256,7 @@ def main() -> None:
         help='planner settings over the variants\', e.g. {"sla_headroom": 1}',
     )
     args = parser.parse_args()
-    profile = PerfProfile.load(args.profile)
+    profile = PerfProfile.load(profile_path(args))
     results = []
     for seed in range(args.seeds):
         plan = list(trace_requests(args, seed))
