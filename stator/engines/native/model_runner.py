@@ -32,8 +32,6 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 1 << 30
-# Steps of at most this many tokens zero one LoRA workspace for all projections at once.
-_LORA_WORKSPACE_TOKENS = 512
 
 
 def resolve_device(name: str) -> torch.device:
@@ -381,13 +379,8 @@ class ModelRunner:
                 self.lora_slots.num_slots,
                 dev,
                 groups=dev.type != "cuda",
+                scratch_shape=self.lora_slots.workspace_shape(),
             )
-            tokens = len(input_ids)
-            if ctx.lora is not None and dev.type == "cuda" and tokens <= _LORA_WORKSPACE_TOKENS:
-                layers, width = self.lora_slots.workspace_shape()
-                ctx.lora.workspace = torch.zeros(
-                    layers, tokens, width, dtype=torch.float32, device=dev
-                )
         every_row = logits_rows == list(range(len(input_ids))) and not embed_rows
         return StepInputs(
             input_ids=to_device(input_ids, dev),

@@ -196,12 +196,13 @@ def test_graph_inputs_give_a_smaller_step_s_leftover_tiles_count_zero():
     assert captured.tiles.tolist() == [[3, 0, 2], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
     assert captured.sorted_idx[:2].tolist() == [0, 2]
     assert captured.workspace is not None and captured.workspace.shape == (2, 4, 32)
+    assert captured.sync is not None and captured.sync.shape == (2, 5)  # 4 tiles + ticket
 
 
 _KERNEL_CHECK = """
 import torch
 from stator.engines.native.kernels import lora as kernels
-from stator.engines.native.kernels.lora import lora_expand, lora_shrink
+from stator.engines.native.kernels.lora import lora_expand, lora_fused, lora_shrink
 from stator.engines.native.lora.batch import build_lora_batch
 from stator.engines.native.lora.graph_inputs import LoraGraphInputs
 from stator.engines.native.lora.layer import LoraLayer
@@ -230,19 +231,25 @@ for slots_n, rank, bounds, k, tokens in [
     padded = graph.batch(tokens + 40)
     padded.workspace = padded.workspace[:, :tokens]
     assert padded.tiles.shape[0] > batch.tiles.shape[0]
-    runs = [(batch, None), (batch, torch.zeros(3, tokens, len(bounds) * rank + 8))]
-    runs.append((padded, padded.workspace))
+    shared = build_lora_batch(slots, slots_n, torch.device("cpu"), groups=False, scratch_shape=(3, 60))
+    # Own scratch per call; one shared scratch (lazily made); a graph's padded buffers.
+    runs = [batch, shared, padded]
     # 1 program per tile: the whole of K in one program's loop, no split.
     for programs in (1024, 1):
         kernels._SHRINK_PROGRAMS = programs
-        for run, workspace in runs:
-            run.workspace = workspace if workspace is None else workspace.zero_()
-            out = y.clone()
-            lora_expand(lora_shrink(x, layer.a, run, 1), layer.b, out, run, bounds, rank)
-            err = float((out - ref).abs().max() / ref.abs().max())
-            assert err < 1e-5, err
-            base = [i for i, s in enumerate(slots) if s < 0]
-            assert torch.equal(out[base], y[base])
+        for run in runs:
+            for fused in (False, True):
+                run.clear_scratch()
+                out = y.clone()
+                if fused:
+                    lora_fused(x, layer.a, layer.b, out, run, bounds, rank, 1)
+                else:
+                    lora_expand(lora_shrink(x, layer.a, run, 1), layer.b, out, run, bounds, rank)
+                err = float((out - ref).abs().max() / ref.abs().max())
+                assert err < 1e-5, err
+                base = [i for i, s in enumerate(slots) if s < 0]
+                assert torch.equal(out[base], y[base])
+    assert shared.workspace is not None and shared.workspace.shape == (3, tokens, 60)
 print("ok")
 """
 
