@@ -223,13 +223,15 @@ def _fused_lora(
             mask = m_ok[:, None] & n_ok[None, :]
             y_ptrs = y_ptr + rows[:, None] * y_stride + offs_n[None, :]
             y = tl.load(y_ptrs, mask=mask, other=0.0)
-            done = tl.load(sync_ptr + tile, volatile=True)
+            done = tl.load(sync_ptr + tile, volatile=True)  # polls L2, not its atomics
             while done < per_tile:
                 done = tl.load(sync_ptr + tile, volatile=True)
-            tl.atomic_add(sync_ptr + tile, 0, sem="acquire")  # h's adds happen before
+            # The acquire orders the reads of h after the shrink parts' adds; its value
+            # (now per_tile) gates them, so no thread reads before it is done.
+            ready = tl.atomic_add(sync_ptr + tile, 0, sem="acquire") >= per_tile
             h = tl.load(
                 h_ptr + rows[:, None] * h_stride + shard * rank + offs_r[None, :],
-                mask=m_ok[:, None] & r_ok[None, :],
+                mask=m_ok[:, None] & r_ok[None, :] & ready,
                 other=0.0,
                 cache_modifier=".cg",  # from L2, where the atomics wrote it
             )
