@@ -1,8 +1,7 @@
 """The LoRA kernels alone, as a decode step runs them: every projection of a
-Llama-3.1-8B-shaped model (32 layers x q/k/v, o, gate/up, down) gets its LoRA (the fused
-kernel, one launch a projection, or shrink and expand, two), captured in one CUDA graph
-with the scratch memsets, replayed; per step and per launch in microseconds, and the
-adapter weight bytes read per step.
+Llama-3.1-8B-shaped model (32 layers x q/k/v, o, gate/up, down) gets its shrink and
+expand, captured in one CUDA graph with the workspace memset, replayed; per step and per
+launch in microseconds, and the adapter weight bytes read per step.
 
     python benchmarks/lora_kernels_gpu.py [--batch 1 64] [--adapters 8] [--rank 16]
 
@@ -13,7 +12,6 @@ values, for tuning; the first value listed is the one the table's other columns 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -35,12 +33,12 @@ PROJECTIONS = [
 ]
 
 
-def step_graph(batch_size: int, adapters: int, rank: int, layers: int, fused: bool):
+def step_graph(batch_size: int, adapters: int, rank: int, layers: int):
     dev = torch.device("cuda")
     slots = [i % adapters for i in range(batch_size)]
-    batch = build_lora_batch(
-        slots, adapters, dev, groups=False, scratch_shape=(layers * 4, 3 * rank)
-    )
+    batch = build_lora_batch(slots, adapters, dev, groups=False)
+    width = 3 * rank
+    batch.workspace = torch.zeros(layers * 4, batch_size, width, device=dev)
     ops = []
     weight_bytes = 0
     for layer in range(layers):
@@ -55,19 +53,16 @@ def step_graph(batch_size: int, adapters: int, rank: int, layers: int, fused: bo
             weight_bytes += used * (a[0].numel() + b[0].numel()) * 2
 
     def run() -> None:
-        batch.clear_scratch()
+        batch.workspace.zero_()
         for index, x, a, b, y, bounds in ops:
-            if fused:
-                kernels.lora_fused(x, a, b, y, batch, bounds, rank, index)
-            else:
-                h = kernels.lora_shrink(x, a, batch, index)
-                kernels.lora_expand(h, b, y, batch, bounds, rank)
+            h = kernels.lora_shrink(x, a, batch, index)
+            kernels.lora_expand(h, b, y, batch, bounds, rank)
 
-    run()  # compile; makes the scratch
+    run()  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    return graph, weight_bytes, len(ops) * (1 if fused else 2) + 2
+    return graph, weight_bytes, len(ops) * 2 + 1
 
 
 def time_graph(graph, reps: int = 50) -> float:
@@ -89,28 +84,26 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--shrink-programs", type=int, nargs="+", default=[1024, 256, 4096])
-    parser.add_argument("--variants", nargs="+", default=["fused", "separate"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
-    for bs, programs, variant in itertools.product(args.batch, args.shrink_programs, args.variants):
-        kernels._SHRINK_PROGRAMS = programs
-        fused = variant == "fused"
-        graph, weight_bytes, launches = step_graph(bs, args.adapters, args.rank, args.layers, fused)
-        us = time_graph(graph)
-        rows.append(
-            {
-                "batch": bs,
-                "variant": variant,
-                "shrink_programs": programs,
-                "step_us": round(us, 1),
-                "us_per_launch": round(us / launches, 2),
-                "adapter_mb": round(weight_bytes / 1e6, 1),
-                "gb_per_s": round(weight_bytes / us / 1e3, 1),
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-        del graph
+    for bs in args.batch:
+        for programs in args.shrink_programs:
+            kernels._SHRINK_PROGRAMS = programs
+            graph, weight_bytes, launches = step_graph(bs, args.adapters, args.rank, args.layers)
+            us = time_graph(graph)
+            rows.append(
+                {
+                    "batch": bs,
+                    "shrink_programs": programs,
+                    "step_us": round(us, 1),
+                    "us_per_launch": round(us / launches, 2),
+                    "adapter_mb": round(weight_bytes / 1e6, 1),
+                    "gb_per_s": round(weight_bytes / us / 1e3, 1),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+            del graph
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
 

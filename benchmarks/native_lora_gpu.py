@@ -9,8 +9,6 @@ Llama-3.1-8B-shaped model in bf16 (`--load-format dummy`: nothing downloaded).
   requests spread round-robin over `--adapters` different rank-`--rank` adapters on every
   projection (q, k, v, o, gate, up, down). Each run is done twice; the second counts.
 - Batch-1 decode: one request (32-token prompt, 256 out), with and without an adapter.
-- `--interleave N`: the engines built side by side, their runs alternated N times
-  (medians); `--kernels both` adds a LoRA engine on the two-launch kernels.
 - Sleep/wake (levels 1 and 2) of the base engine: seconds, device memory in use before,
   during and after (torch's allocated and reserved, and nvidia-smi's used), and whether
   greedy outputs after waking equal those before.
@@ -113,52 +111,28 @@ def lora_core(model_dir: Path, paths: list[Path], args, **extra) -> EngineCore:
     return core
 
 
-def set_lora_kernels(core: EngineCore, fused: bool) -> None:
-    """Give a LoRA engine the fused kernel or the two-launch shrink/expand
-    (`lora/layer.py`), capturing its decode graphs again if that changes them."""
-    runner = core.runner
-    layers = runner.lora_slots.layers.values()
-    if all(layer.fused == fused for layer in layers):
-        return
-    for layer in layers:
-        layer.fused = fused
-    runner.graphs = None
-    torch.cuda.empty_cache()
-    runner._capture_graphs(prepare=False)
-
-
 def interleaved(model_dir: Path, paths: list[Path], args, res: dict, save) -> None:
-    kv = "4GiB" if args.kernels == "both" else "8GiB"
-    engines = {
-        "base": make_core(model_dir, args, kv_cache_memory=kv),
-        "lora": lora_core(model_dir, paths, args, kv_cache_memory=kv),
-    }
-    set_lora_kernels(engines["lora"], args.kernels != "separate")
-    if args.kernels == "both":
-        engines["lora_separate"] = lora_core(model_dir, paths, args, kv_cache_memory=kv)
-        set_lora_kernels(engines["lora_separate"], False)
+    base = make_core(model_dir, args, kv_cache_memory="8GiB")
+    lora = lora_core(model_dir, paths, args, kv_cache_memory="8GiB")
     names = [f"lora{i}" for i in range(args.adapters)]
-    adapters = {"base": [None]} | {k: names for k in engines if k != "base"}
-    for key, core in engines.items():
-        throughput(core, args, adapters[key], f"{key}w")
-    runs: dict[str, list[float]] = {k: [] for k in engines} | {"lora_engine_base": []}
-    b1: dict[str, list[float]] = {k: [] for k in engines}
+    throughput(base, args, [None], "bw")
+    throughput(lora, args, names, "lw")
+    runs: dict[str, list[float]] = {"base": [], "lora": [], "lora_engine_base": []}
+    b1: dict[str, list[float]] = {"base": [], "lora": []}
     for r in range(args.interleave):
-        for key, core in engines.items():
-            runs[key].append(throughput(core, args, adapters[key], f"{key}{r}-"))
-        runs["lora_engine_base"].append(throughput(engines["lora"], args, [None], f"lb{r}-"))
-        for key, core in engines.items():
-            b1[key].append(batch1(core, adapters[key][0], f"{key}1{r}"))
+        runs["base"].append(throughput(base, args, [None], f"b{r}-"))
+        runs["lora"].append(throughput(lora, args, names, f"l{r}-"))
+        runs["lora_engine_base"].append(throughput(lora, args, [None], f"lb{r}-"))
+        b1["base"].append(batch1(base, None, f"b1{r}"))
+        b1["lora"].append(batch1(lora, "lora0", f"l1{r}"))
         res["interleaved_tok_s"], res["interleaved_b1_tok_s"] = runs, b1
         save()
     med = {k: statistics.median(v) for k, v in runs.items()}
     med_b1 = {k: statistics.median(v) for k, v in b1.items()}
     res["median_tok_s"], res["median_b1_tok_s"] = med, med_b1
-    for key in engines:
-        if key != "base":
-            res[f"{key}_vs_base"] = med[key] / med["base"]
-            res[f"{key}_b1_vs_base"] = med_b1[key] / med_b1["base"]
+    res["lora_vs_base"] = med["lora"] / med["base"]
     res["lora_vs_lora_engine_base"] = med["lora"] / med["lora_engine_base"]
+    res["lora_b1_vs_base"] = med_b1["lora"] / med_b1["base"]
     save()
 
 
@@ -175,13 +149,6 @@ def main() -> None:
         default=0,
         help="Build both engines (8 GiB of KV each) and alternate base and LoRA runs this "
         "many times (medians reported; GPU clocks and host noise hit both alike)",
-    )
-    parser.add_argument(
-        "--kernels",
-        choices=["fused", "separate", "both"],
-        default="fused",
-        help="With --interleave: the LoRA engine's kernels (`lora/layer.py`): the fused one, "
-        "the two-launch shrink/expand, or both (a third engine; 4 GiB of KV each)",
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -97,8 +97,8 @@ class DecodeGraphs:
 
     def _forward(self, bs: int, with_lora: bool) -> torch.Tensor:
         ctx = self._context(bs, with_lora)
-        if ctx.lora is not None:
-            ctx.lora.clear_scratch()  # part of the graph: memsets on every replay
+        if ctx.lora is not None and ctx.lora.workspace is not None:
+            ctx.lora.workspace.zero_()  # part of the graph: one memset per replay
         self.backend.plan(ctx, self.sliding_window)
         set_context(ctx)
         try:

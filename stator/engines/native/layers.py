@@ -62,8 +62,8 @@ class Linear(nn.Linear):
             p.weight_loader = self.load_shard  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # LoRA (`lora/layer.py`): on CUDA one fused launch after the base matmul; the
-        # two-launch variant starts its shrink first, while x is still in L2.
+        # LoRA's shrink goes first, while x (just written) is still in L2; the base matmul
+        # streams its weights through L2 after it.
         batch = current_lora() if self.lora is not None else None
         pending = self.lora.shrink(x, batch) if batch is not None else None
         cfg = self.gemv_config

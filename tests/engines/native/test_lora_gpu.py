@@ -21,7 +21,6 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("bounds", "k", "rank", "tokens"),
@@ -32,8 +31,8 @@ pytestmark = [
         ([(0, 4096), (4096, 5120), (5120, 6144)], 4096, 16, 2048),  # a prefill's tiles
     ],
 )
-def test_triton_lora_kernels_match_the_torch_path(fused, dtype, bounds, k, rank, tokens):
-    from stator.engines.native.kernels.lora import lora_expand, lora_fused, lora_shrink
+def test_triton_lora_kernels_match_the_torch_path(dtype, bounds, k, rank, tokens):
+    from stator.engines.native.kernels.lora import lora_expand, lora_shrink
 
     torch.manual_seed(0)
     slots_n, n = 8, bounds[-1][1]
@@ -47,10 +46,7 @@ def test_triton_lora_kernels_match_the_torch_path(fused, dtype, bounds, k, rank,
     layer32 = LoraLayer(a.float(), b.float(), bounds, rank)
     ref = layer32._apply_torch(x.float(), y.float().clone(), batch)
     out = y.clone()
-    if fused:
-        lora_fused(x, a, b, out, batch, bounds, rank)
-    else:
-        lora_expand(lora_shrink(x, a, batch), b, out, batch, bounds, rank)
+    lora_expand(lora_shrink(x, a, batch), b, out, batch, bounds, rank)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     err = float((out.float() - ref).abs().max() / ref.abs().max())
     assert err < tol, err
@@ -58,47 +54,7 @@ def test_triton_lora_kernels_match_the_torch_path(fused, dtype, bounds, k, rank,
     assert torch.equal(out[untouched], y[untouched])
 
 
-def test_fused_lora_kernel_replayed_in_a_cuda_graph_gives_the_same_result_every_time():
-    """The fused kernel's programs wait on each other through counters in the scratch: a
-    lost wait or a stale read of h (a missing K part: a few % of the delta) would show as
-    a replay that differs by more than float32 atomics' order can."""
-    from stator.engines.native.kernels.lora import lora_fused
-    from stator.engines.native.lora.graph_inputs import LoraGraphInputs
-
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    slots_n, rank, k, bounds = 8, 16, 4096, [(0, 4096), (4096, 5120), (5120, 6144)]
-    n = bounds[-1][1]
-    a = torch.randn(slots_n, 3 * rank, k, device=dev) * 0.02
-    b = torch.randn(slots_n, n, rank, device=dev) * 0.02
-    x = torch.randn(64, k, device=dev)
-    y0 = torch.randn(64, n, device=dev)
-    step = build_lora_batch([i % slots_n for i in range(61)], slots_n, dev, groups=False)
-    inputs = LoraGraphInputs(64, slots_n, (1, 3 * rank), dev)
-    inputs.load(step, 64)
-    batch = inputs.batch(64)
-    y = y0.clone()
-
-    def run() -> None:
-        batch.clear_scratch()
-        y.copy_(y0)
-        lora_fused(x, a, b, y, batch, bounds, rank)
-
-    run()
-    expected = y.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        run()
-    scale = float((expected - y0).abs().max())
-    for _ in range(200):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert float((y - expected).abs().max()) < 1e-5 * scale
-
-
-@pytest.mark.parametrize("fused", [True, False])
-def test_mixed_adapter_decode_on_cuda_matches_the_cpu_engine(llama, tmp_path, monkeypatch, fused):
-    monkeypatch.setattr(LoraLayer, "fused", fused)
+def test_mixed_adapter_decode_on_cuda_matches_the_cpu_engine(llama, tmp_path):
     model_dir, _ = llama
     config = json.loads((model_dir / "config.json").read_text())
     paths = [

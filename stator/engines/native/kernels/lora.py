@@ -25,51 +25,6 @@ from stator.engines.native.lora.batch import TILE_M, LoraBatch
 
 
 @triton.jit
-def _tile_rows(tiles_ptr, idx_ptr, tile, BLOCK_M: tl.constexpr):
-    """A tile's slot, its token rows (gathered through `sorted_idx`) and which are real."""
-    slot = tl.load(tiles_ptr + tile * 3)
-    start = tl.load(tiles_ptr + tile * 3 + 1)
-    count = tl.load(tiles_ptr + tile * 3 + 2)
-    offs_m = tl.arange(0, BLOCK_M)
-    m_ok = offs_m < count
-    rows = tl.load(idx_ptr + start + offs_m, mask=m_ok, other=0).to(tl.int64)
-    return slot, rows, m_ok
-
-
-@triton.jit
-def _dot_over_k(
-    in_base,
-    w_base,
-    m_ok,
-    n_ok,
-    k0,
-    k_end,
-    K,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    """sum over k in [k0, k_end) of in[m, k] * w[k, n] (in_base: [M, 1] row pointers,
-    w_base: [1, N] column pointers, both advanced by k)."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # A while loop: Triton's interpreter (the CPU tests) cannot take a runtime trip count
-    # in `range`, and a constexpr one would compile a kernel per split. Decode steps run
-    # one to two iterations, so there is little for software pipelining to overlap.
-    while k0 < k_end:
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        x = tl.load(in_base + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_base + ks[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if IEEE:
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(x.to(w.dtype), w)
-        k0 += BLOCK_K
-    return acc
-
-
-@triton.jit
 def _segment_matmul(
     in_ptr,
     w_ptr,
@@ -102,17 +57,33 @@ def _segment_matmul(
     count = tl.load(tiles_ptr + tile * 3 + 2)
     if count == 0:  # a padding tile of a CUDA graph's fixed grid
         return
-    slot, rows, m_ok = _tile_rows(tiles_ptr, idx_ptr, tile, BLOCK_M)
+    slot = tl.load(tiles_ptr + tile * 3)
+    start = tl.load(tiles_ptr + tile * 3 + 1)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < count
+    rows = tl.load(idx_ptr + start + offs_m, mask=m_ok, other=0).to(tl.int64)
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_ok = offs_n < N
     shard = (n0 >= cut1).to(tl.int32) + (n0 >= cut2).to(tl.int32)
     in_base = in_ptr + rows[:, None] * in_stride + shard * shard_cols
     w_base = w_ptr + slot.to(tl.int64) * w_stride_slot + offs_n[None, :].to(tl.int64) * w_stride_n
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k0 = split * k_iters * BLOCK_K
-    acc = _dot_over_k(
-        in_base, w_base, m_ok, n_ok, k0, k0 + k_iters * BLOCK_K, K, BLOCK_M, BLOCK_N, BLOCK_K, IEEE
-    )
+    k_end = k0 + k_iters * BLOCK_K
+    # A while loop: Triton's interpreter (the CPU tests) cannot take a runtime trip count
+    # in `range`, and a constexpr one would compile a kernel per split. Decode steps run
+    # one to two iterations, so there is little for software pipelining to overlap.
+    while k0 < k_end:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = tl.load(in_base + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_base + ks[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if IEEE:
+            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(x.to(w.dtype), w)
+        k0 += BLOCK_K
     mask = m_ok[:, None] & n_ok[None, :]
     out_ptrs = out_ptr + rows[:, None] * out_stride + offs_n[None, :]
     if ATOMIC:
@@ -120,126 +91,6 @@ def _segment_matmul(
     else:
         y = tl.load(out_ptrs, mask=mask, other=0.0)
         tl.store(out_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
-
-
-@triton.jit
-def _fused_lora(
-    x_ptr,
-    a_ptr,
-    b_ptr,
-    y_ptr,
-    h_ptr,
-    sync_ptr,
-    tiles_ptr,
-    idx_ptr,
-    num_tiles,
-    K,
-    NH,
-    NY,
-    rank,
-    k_iters,
-    split,
-    blocks_h,
-    blocks_y,
-    cut1,
-    cut2,
-    x_stride,
-    a_stride_slot,
-    a_stride_n,
-    b_stride_slot,
-    b_stride_n,
-    h_stride,
-    y_stride,
-    BLOCK_M: tl.constexpr,
-    BLOCK_NH: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_NY: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    """Shrink and expand of one projection in one launch. Each program takes a ticket
-    (`sync[num_tiles]`, in the order programs start): the first tickets are the shrink's
-    (tile, column block, K split) parts, which add into float32 h and then count
-    themselves done in `sync[tile]`; the rest are the expand's (tile, column block)
-    parts, which wait for their tile's count before reading h. Tickets, not program ids,
-    give the roles: every shrink part is held by a program already running when any
-    expand part is handed out, and shrink parts never wait, so the waits always end
-    whatever order the hardware starts programs in."""
-    ticket = tl.atomic_add(sync_ptr + num_tiles, 1, sem="relaxed")
-    per_tile = blocks_h * split
-    if ticket < num_tiles * per_tile:
-        tile = ticket // per_tile
-        count = tl.load(tiles_ptr + tile * 3 + 2)
-        if count > 0:  # else a padding tile of a CUDA graph's fixed grid
-            slot, rows, m_ok = _tile_rows(tiles_ptr, idx_ptr, tile, BLOCK_M)
-            part = ticket % per_tile
-            offs_n = (part // split) * BLOCK_NH + tl.arange(0, BLOCK_NH)
-            n_ok = offs_n < NH
-            in_base = x_ptr + rows[:, None] * x_stride
-            w_base = (
-                a_ptr
-                + slot.to(tl.int64) * a_stride_slot
-                + offs_n[None, :].to(tl.int64) * a_stride_n
-            )
-            k0 = (part % split) * k_iters * BLOCK_K
-            acc = _dot_over_k(
-                in_base,
-                w_base,
-                m_ok,
-                n_ok,
-                k0,
-                k0 + k_iters * BLOCK_K,
-                K,
-                BLOCK_M,
-                BLOCK_NH,
-                BLOCK_K,
-                IEEE,
-            )
-            h_ptrs = h_ptr + rows[:, None] * h_stride + offs_n[None, :]
-            tl.atomic_add(h_ptrs, acc, mask=m_ok[:, None] & n_ok[None, :])
-            tl.debug_barrier()  # every thread's adds are issued before the count
-            tl.atomic_add(sync_ptr + tile, 1, sem="release")
-    else:
-        part = ticket - num_tiles * per_tile
-        tile = part // blocks_y
-        count = tl.load(tiles_ptr + tile * 3 + 2)
-        if count > 0:
-            slot, rows, m_ok = _tile_rows(tiles_ptr, idx_ptr, tile, BLOCK_M)
-            n0 = (part % blocks_y) * BLOCK_NY
-            offs_n = n0 + tl.arange(0, BLOCK_NY)
-            n_ok = offs_n < NY
-            shard = (n0 >= cut1).to(tl.int32) + (n0 >= cut2).to(tl.int32)
-            offs_r = tl.arange(0, BLOCK_R)
-            r_ok = offs_r < rank
-            # B and y do not depend on h: read them while the shrink parts finish.
-            w = tl.load(
-                b_ptr
-                + slot.to(tl.int64) * b_stride_slot
-                + offs_n[None, :].to(tl.int64) * b_stride_n
-                + offs_r[:, None],
-                mask=n_ok[None, :] & r_ok[:, None],
-                other=0.0,
-            )
-            mask = m_ok[:, None] & n_ok[None, :]
-            y_ptrs = y_ptr + rows[:, None] * y_stride + offs_n[None, :]
-            y = tl.load(y_ptrs, mask=mask, other=0.0)
-            done = tl.load(sync_ptr + tile, volatile=True)  # polls L2, not its atomics
-            while done < per_tile:
-                done = tl.load(sync_ptr + tile, volatile=True)
-            # The acquire orders the reads of h after the shrink parts' adds; its value
-            # (now per_tile) gates them, so no thread reads before it is done.
-            ready = tl.atomic_add(sync_ptr + tile, 0, sem="acquire") >= per_tile
-            h = tl.load(
-                h_ptr + rows[:, None] * h_stride + shard * rank + offs_r[None, :],
-                mask=m_ok[:, None] & r_ok[None, :] & ready,
-                other=0.0,
-                cache_modifier=".cg",  # from L2, where the atomics wrote it
-            )
-            if IEEE:
-                acc = tl.dot(h, w.to(tl.float32), input_precision="ieee")
-            else:
-                acc = tl.dot(h.to(w.dtype), w)
-            tl.store(y_ptrs, (y.to(tl.float32) + acc).to(y.dtype), mask=mask)
 
 
 # Programs a shrink launch aims for: enough K splits to keep ~all SMs reading A at decode
@@ -295,27 +146,19 @@ def _launch(
     )
 
 
-def _shrink_split(tiles: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(column block, K block, K blocks per part, parts) of a shrink over `tiles` tiles."""
-    block_n = min(64, max(16, triton.next_power_of_2(n)))
-    block_k = min(_SHRINK_BLOCK_K, max(16, triton.next_power_of_2(k)))
-    programs = tiles * triton.cdiv(n, block_n)
-    split = max(1, _SHRINK_PROGRAMS // max(1, programs))
-    chunks = triton.cdiv(k, block_k)
-    k_iters = triton.cdiv(chunks, split)
-    return block_n, block_k, k_iters, triton.cdiv(chunks, k_iters)
-
-
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoraBatch, index: int = 0) -> torch.Tensor:
     """h [T, n * R] float32 = x @ A_slot^T for every token that uses an adapter (rows of
     base-model tokens are left zero). `index`: the projection's row of the batch's zeroed
-    scratch (`LoraBatch.scratch`)."""
+    workspace (`LoraBatch.scratch`)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     _, k = x.shape
     _, n, _ = a.shape
-    h, _ = batch.scratch(index, n, x.device)
-    block_n, block_k, _, split = _shrink_split(batch.tiles.shape[0], n, k)
+    h = batch.scratch(index, n, x.device)
+    block_n = min(64, max(16, triton.next_power_of_2(n)))
+    block_k = min(_SHRINK_BLOCK_K, max(16, triton.next_power_of_2(k)))
+    programs = batch.tiles.shape[0] * triton.cdiv(n, block_n)
+    split = max(1, _SHRINK_PROGRAMS // max(1, programs))
     big = n + 1  # one shard: no column block reaches a second
     _launch(
         x,
@@ -365,64 +208,4 @@ def lora_expand(
         cuts=(cuts[0], cuts[1]),
         shard_cols=rank,
         atomic=False,
-    )
-
-
-def lora_fused(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    y: torch.Tensor,
-    batch: LoraBatch,
-    bounds: list[tuple[int, int]],
-    rank: int,
-    index: int = 0,
-) -> None:
-    """y += (x @ A_slot^T) @ B_slot^T per shard, in place: `lora_shrink` and `lora_expand`
-    in one launch (`_fused_lora`), after the base matmul that wrote y."""
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    _, k = x.shape
-    _, nh, _ = a.shape
-    ny = b.shape[1]
-    h, sync = batch.scratch(index, nh, x.device)
-    tiles = batch.tiles.shape[0]
-    block_nh, block_k, k_iters, split = _shrink_split(tiles, nh, k)
-    blocks_h = triton.cdiv(nh, block_nh)
-    block_ny = _expand_block(bounds, ny)
-    blocks_y = triton.cdiv(ny, block_ny)
-    cuts = [start for start, _ in bounds[1:]] + [ny + 1, ny + 1]
-    _fused_lora[(tiles * (blocks_h * split + blocks_y),)](
-        x,
-        a,
-        b,
-        y,
-        h,
-        sync,
-        batch.tiles,
-        batch.sorted_idx,
-        tiles,
-        k,
-        nh,
-        ny,
-        rank,
-        k_iters,
-        split,
-        blocks_h,
-        blocks_y,
-        cuts[0],
-        cuts[1],
-        x.stride(0),
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        h.stride(0),
-        y.stride(0),
-        BLOCK_M=TILE_M,
-        BLOCK_NH=block_nh,
-        BLOCK_K=block_k,
-        BLOCK_NY=block_ny,
-        BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        IEEE=b.dtype == torch.float32,
     )

@@ -24,8 +24,8 @@ from stator.engines.native.overlap import to_device
 # adapter a few tokens, so a larger tile would mostly multiply padding; a long prefill
 # re-reads its adapter's weights once per 16 tokens, from L2 (a few % of its base matmul).
 TILE_M = 16
-# Steps of at most this many tokens zero one scratch for all projections at once; larger
-# ones (prefill) zero each projection's own, which keeps their scratch small.
+# Steps of at most this many tokens zero one workspace for all projections at once;
+# larger ones (prefill) zero each projection's own, which keeps it small.
 SHARED_SCRATCH = 512
 
 
@@ -36,38 +36,23 @@ class LoraBatch:
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (slot, rows)
     num_tokens: int = 0  # tokens of the step (all rows, adapter or not)
     # (projections, widest shrink output) of the model's LoRA layers: the shape of the
-    # step's scratch, allocated on first use (`scratch`), so a step that replays a CUDA
+    # step's workspace, made on first use (`scratch`), so a step that replays a CUDA
     # graph (which has its own) allocates and zeroes none.
     scratch_shape: tuple[int, int] | None = None
-    # Zeroed scratch of every projection, one memset each per step instead of per
-    # projection: float32 [projections, tokens, width] for the shrink's output, and int32
-    # [projections, tiles + 1] for the fused kernel's counts (`kernels/lora.py`).
+    # Zeroed float32 [projections, tokens, width] for every projection's shrink output:
+    # one memset per step instead of one per projection.
     workspace: torch.Tensor | None = None
-    sync: torch.Tensor | None = None
 
-    def scratch(
-        self, index: int, width: int, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projection `index`'s zeroed shrink output [tokens, width] and counts [tiles + 1]."""
-        tiles = self.tiles.shape[0]
+    def scratch(self, index: int, width: int, device: torch.device) -> torch.Tensor:
+        """Projection `index`'s zeroed shrink output [tokens, width]."""
         if self.workspace is None and self.scratch_shape and self.num_tokens <= SHARED_SCRATCH:
             projections, widest = self.scratch_shape
             self.workspace = torch.zeros(
                 projections, self.num_tokens, widest, dtype=torch.float32, device=device
             )
-            self.sync = torch.zeros(projections, tiles + 1, dtype=torch.int32, device=device)
         if self.workspace is not None:
-            h = self.workspace[index, :, :width]
-        else:
-            h = torch.zeros(self.num_tokens, width, dtype=torch.float32, device=device)
-        if self.sync is not None:
-            return h, self.sync[index]
-        return h, torch.zeros(tiles + 1, dtype=torch.int32, device=device)
-
-    def clear_scratch(self) -> None:
-        for part in (self.workspace, self.sync):
-            if part is not None:
-                part.zero_()
+            return self.workspace[index, :, :width]
+        return torch.zeros(self.num_tokens, width, dtype=torch.float32, device=device)
 
 
 def max_tiles(num_tokens: int, num_slots: int) -> int:

@@ -1,10 +1,9 @@
 """`LoraGraphInputs`: the persistent device buffers a decode CUDA graph's LoRA kernels read.
 
 A graph captured for batch size `bs` launches the LoRA kernels over `max_tiles(bs)` tiles
-and reads them, the grouped token rows and the scratch (shrink output, fused kernel
-counts; zeroed inside the graph) from these buffers; each replay first copies the step's
-own `LoraBatch` in and gives the tiles it does not fill a count of 0, so their programs
-return at once whatever a previous step left there.
+and reads them, the grouped token rows and the shrink workspace from these buffers; each
+replay first copies the step's own `LoraBatch` in and gives the tiles it does not fill a
+count of 0, so their programs return at once whatever a previous step left there.
 """
 
 from __future__ import annotations
@@ -31,20 +30,14 @@ class LoraGraphInputs:
         self.workspace = torch.zeros(
             projections, max_batch, width, dtype=torch.float32, device=device
         )
-        self.sync = torch.zeros(
-            projections, self.tiles.shape[0] + 1, dtype=torch.int32, device=device
-        )
 
     def batch(self, bs: int) -> LoraBatch:
         """The batch a graph of `bs` tokens is captured with (views of the buffers)."""
-        tiles = max_tiles(bs, self.num_slots)
-        shared = self.workspace.numel() > 0
         return LoraBatch(
             sorted_idx=self.sorted_idx,
-            tiles=self.tiles[:tiles],
+            tiles=self.tiles[: max_tiles(bs, self.num_slots)],
             num_tokens=bs,
-            workspace=self.workspace[:, :bs] if shared else None,
-            sync=self.sync[:, : tiles + 1] if shared else None,
+            workspace=self.workspace[:, :bs] if self.workspace.numel() else None,
         )
 
     def load(self, step: LoraBatch, bs: int) -> None:

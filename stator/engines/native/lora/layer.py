@@ -5,9 +5,6 @@ A projection of `n` shards (q/k/v: 3, gate/up: 2, others: 1) holds, per slot,
 `a` [n * R, in] (shard i's A in rows i*R..) and `b` [out, R] (each output row's B row, of
 its own shard); ranks below R are zero-padded. `y += (x @ A_i^T) @ B_i^T` per shard, for
 the tokens of each slot: Triton kernels on CUDA, a loop over the slots in use elsewhere.
-
-On CUDA the two halves are either two launches, the shrink before the base matmul and
-the expand after it, or one fused launch after the base matmul (`fused`).
 """
 
 from __future__ import annotations
@@ -26,10 +23,6 @@ class PendingLora:
 
 
 class LoraLayer:
-    # One launch per projection instead of two (`kernels/lora.py`); off until measured
-    # end to end on a GPU.
-    fused = False
-
     def __init__(
         self,
         a: torch.Tensor,
@@ -38,33 +31,27 @@ class LoraLayer:
         rank: int,
         index: int = 0,
     ) -> None:
-        self.index = index  # this projection's row of the step's scratch (`LoraBatch`)
+        self.index = index  # this projection's row of `LoraBatch.workspace`
         self.a = a
         self.b = b
         self.bounds = bounds
         self.rank = rank
 
     def shrink(self, x: torch.Tensor, batch: LoraBatch) -> PendingLora:
-        """The first half, before the base matmul: only without `fused` on CUDA (h = x @
-        A^T into the scratch); the other paths do both halves in `expand`."""
-        if not x.is_cuda or self.fused:
-            return PendingLora(x)
+        """The first half, before the base matmul (CUDA: h = x @ A^T into the workspace)."""
+        if not x.is_cuda:
+            return PendingLora(x)  # the torch path does both halves in `expand`
         from stator.engines.native.kernels.lora import lora_shrink
 
         return PendingLora(x, lora_shrink(x, self.a, batch, self.index))
 
     def expand(self, pending: PendingLora, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
         """y (the base matmul's output) += the delta, in place on CUDA."""
-        if not y.is_cuda:
-            return self._apply_torch(pending.x, y, batch)
-        from stator.engines.native.kernels import lora as kernels
-
         if pending.h is None:
-            kernels.lora_fused(
-                pending.x, self.a, self.b, y, batch, self.bounds, self.rank, self.index
-            )
-        else:
-            kernels.lora_expand(pending.h, self.b, y, batch, self.bounds, self.rank)
+            return self._apply_torch(pending.x, y, batch)
+        from stator.engines.native.kernels.lora import lora_expand
+
+        lora_expand(pending.h, self.b, y, batch, self.bounds, self.rank)
         return y
 
     def _apply_torch(self, x: torch.Tensor, y: torch.Tensor, batch: LoraBatch) -> torch.Tensor:
