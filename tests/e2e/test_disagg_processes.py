@@ -15,9 +15,12 @@ import httpx
 import pytest
 
 from tests.e2e.fleet import BUNDLED, Fleet, StatorProcess, live_instances, wait_until
+from tests.kv.transfer.nixl_required import needs_nixl
 from tests.procs import free_port
 
 pytestmark = pytest.mark.integration
+# The KV transports two worker processes of one host can be forced to use on CPU pools.
+TRANSPORTS = ["tcp", pytest.param("nixl", marks=needs_nixl)]
 
 PROMPT = (
     "In the beginning God created the heaven and the earth. And the earth was without "
@@ -140,12 +143,14 @@ def _logprobs(choice: dict, kind: str) -> list[float]:
     return list(lp.get("token_logprobs") or [])
 
 
-def start_disagg(fleet, tmp_path, *frontend_flags, decode_workers=1, worker_flags=()):
+def start_disagg(
+    fleet, tmp_path, *frontend_flags, decode_workers=1, worker_flags=(), transport="tcp"
+):
     d = DisaggFleet(fleet, tmp_path, "dis")
     front, url = d.frontend(*frontend_flags)
-    prefill = d.worker("prefill", "--kv-transfer", "tcp", *worker_flags)
+    prefill = d.worker("prefill", "--kv-transfer", transport, *worker_flags)
     decodes = [
-        d.worker("decode", "--kv-transfer", "tcp", *worker_flags) for _ in range(decode_workers)
+        d.worker("decode", "--kv-transfer", transport, *worker_flags) for _ in range(decode_workers)
     ]
     procs = [front, prefill, *decodes]
     wait_until(lambda: len(live_instances(url, "tiny")) == decode_workers, 90, "decode", procs)
@@ -153,11 +158,12 @@ def start_disagg(fleet, tmp_path, *frontend_flags, decode_workers=1, worker_flag
     return d, url, prefill, decodes
 
 
-def test_disaggregated_output_equals_aggregated(fleet, tmp_path):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_disaggregated_output_equals_aggregated(fleet, tmp_path, transport):
     agg = DisaggFleet(fleet, tmp_path, "agg")
     agg_front, agg_url = agg.frontend()
     agg_worker = agg.worker("aggregated")
-    d, url, prefill, (decode,) = start_disagg(fleet, tmp_path)
+    d, url, prefill, (decode,) = start_disagg(fleet, tmp_path, transport=transport)
     wait_until(lambda: live_instances(agg_url, "tiny"), 90, "aggregated", [agg_front, agg_worker])
     for kind in ("completions", "chat"):
         for stream in (False, True):
@@ -168,12 +174,13 @@ def test_disaggregated_output_equals_aggregated(fleet, tmp_path):
             assert got[2]["prompt_tokens"] == expected[2]["prompt_tokens"]
             assert got[2]["completion_tokens"] == expected[2]["completion_tokens"] == 12
     assert remote_count(url) == 4
-    assert d.metric(decode, "stator_worker_engine_kv_transfers_tcp_total") == 4
+    assert d.metric(decode, f"stator_worker_engine_kv_transfers_{transport}_total") == 4
     wait_until(lambda: d.idle(prefill) and d.idle(decode), 30, "idle pools", [prefill, decode])
 
 
-def test_kill_9_of_the_prefill_worker_falls_back_and_leaves_pools_idle(fleet, tmp_path):
-    d, url, prefill, (decode,) = start_disagg(fleet, tmp_path)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_kill_9_of_the_prefill_worker_falls_back_and_leaves_pools_idle(fleet, tmp_path, transport):
+    d, url, prefill, (decode,) = start_disagg(fleet, tmp_path, transport=transport)
 
     async def load() -> list[int]:
         async with httpx.AsyncClient(timeout=90) as client:
