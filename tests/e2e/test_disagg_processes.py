@@ -179,6 +179,29 @@ def test_disaggregated_output_equals_aggregated(fleet, tmp_path, transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_tensor_parallel_prefill_and_decode_workers_give_the_aggregated_output(
+    fleet, tmp_path, transport
+):
+    """TP=2 on both sides (gloo ranks): each rank's pool moves, prefill rank r to decode
+    rank r, and the decode side continues exactly as a TP=1 aggregated worker."""
+    agg = DisaggFleet(fleet, tmp_path, "agg")
+    agg_front, agg_url = agg.frontend()
+    agg_worker = agg.worker("aggregated")
+    tp = ("--tensor-parallel-size", "2", "--cpu-threads", "1")
+    d, url, prefill, (decode,) = start_disagg(fleet, tmp_path, worker_flags=tp, transport=transport)
+    wait_until(lambda: live_instances(agg_url, "tiny"), 90, "aggregated", [agg_front, agg_worker])
+    for kind, stream in (("completions", False), ("chat", True)):
+        expected = ask(agg_url, kind, stream)
+        got = ask(url, kind, stream)
+        assert got[0] == expected[0], (kind, stream)
+        assert got[1] == pytest.approx(expected[1], abs=1e-4), (kind, stream)
+    assert remote_count(url) == 2
+    assert d.metric(decode, f"stator_worker_engine_kv_transfers_{transport}_total") == 2
+    assert d.metric(decode, "stator_worker_engine_kv_transfer_fallbacks_total") == 0
+    wait_until(lambda: d.idle(prefill) and d.idle(decode), 30, "idle pools", [prefill, decode])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_kill_9_of_the_prefill_worker_falls_back_and_leaves_pools_idle(fleet, tmp_path, transport):
     d, url, prefill, (decode,) = start_disagg(fleet, tmp_path, transport=transport)
 

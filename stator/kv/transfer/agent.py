@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import time
 import uuid
 import weakref
@@ -42,12 +41,15 @@ import torch
 from stator.kv.transfer import ipc, nixl, tcp, wire
 from stator.kv.transfer.config import TransferConfig
 from stator.kv.transfer.copy import AUTO_GPU_METHOD, copy_blocks
+from stator.kv.transfer.peer import host_id, layout
 
 log = logging.getLogger(__name__)
 
 # Pin id -> the block ids pinned under it (None: nothing pinned).
 PinLookup = Callable[[str], "list[int] | None"]
 Release = Callable[[str], Awaitable[bool]]
+# An extra operation of the server: the message in, the answer out.
+Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 _agents: weakref.WeakValueDictionary[str, KvTransferAgent] = weakref.WeakValueDictionary()
 
@@ -70,20 +72,6 @@ class _Link:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     lock: asyncio.Lock  # one exchange at a time on a connection
-
-
-def host_id() -> str:
-    """Same value in two processes = they share a host (and its GPUs)."""
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()  # noqa: SIM115
-    return f"{socket.gethostname()}/{boot}"
-
-
-def layout(pool: torch.Tensor) -> list[Any]:
-    """What must match between two pools for their blocks to be interchangeable."""
-    layers, two, _, *rest = pool.shape
-    return [layers, two, *rest, str(pool.dtype)]
 
 
 class KvTransferAgent:
@@ -110,14 +98,14 @@ class KvTransferAgent:
         self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
         self._nixl: nixl.NixlEndpoint | None = None  # made on first use
         self._copy_seconds = 0.0
+        self.ops: dict[str, Operation] = {}  # served beside acquire / read / release / nixl
         _agents[self.id] = self
 
     # -- prefill side --------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Start answering decode agents (prefill role)."""
-        if self.pins is None or self.on_release is None:
-            raise ValueError("a serving agent needs pins and release")
+        """Start answering decode agents (prefill role). Without `pins` (a tensor-parallel
+        rank > 0, whose pins rank 0 holds and checks), every block is served unchecked."""
         self.server = await asyncio.start_server(self._handle, self.config.host, 0)
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.config.host}:{port}"
@@ -159,9 +147,11 @@ class KvTransferAgent:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 op, pin = message.get("op"), str(message.get("pin"))
+                if op in self.ops:
+                    await wire.send(writer, await self.ops[op](message))
+                    continue
                 if op == "release":
-                    assert self.on_release is not None
-                    released = await self.on_release(pin)
+                    released = self.on_release is not None and await self.on_release(pin)
                     await wire.send(writer, {"ok": True, "released": released})
                     continue
                 if op == "nixl":  # a decode agent's first NIXL pull from here
@@ -186,7 +176,8 @@ class KvTransferAgent:
                 await writer.wait_closed()
 
     def _check(self, pin: str, blocks: list[int]) -> str | None:
-        assert self.pins is not None
+        if self.pins is None:
+            return None
         pinned = self.pins(pin)
         if pinned is None:
             return f"nothing pinned under {pin!r} (released or expired)"
