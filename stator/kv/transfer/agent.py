@@ -42,6 +42,7 @@ from stator.kv.transfer import ipc, nixl, tcp, wire
 from stator.kv.transfer.config import TransferConfig
 from stator.kv.transfer.copy import AUTO_GPU_METHOD, copy_blocks
 from stator.kv.transfer.peer import host_id, layout
+from stator.kv.transfer.result import PullResult, TransferError
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +53,6 @@ Release = Callable[[str], Awaitable[bool]]
 Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 _agents: weakref.WeakValueDictionary[str, KvTransferAgent] = weakref.WeakValueDictionary()
-
-
-class TransferError(Exception):
-    """The blocks could not be pulled (the caller computes the prompt itself)."""
-
-
-@dataclass
-class PullResult:
-    kind: str
-    bytes: int
-    blocks: int
-    seconds: float  # the whole pull: checks, round trips, copies
-    copy_seconds: float = 0.0  # the bytes moving (device copies, socket reads)
 
 
 @dataclass
@@ -98,6 +86,8 @@ class KvTransferAgent:
         self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
         self._nixl: nixl.NixlEndpoint | None = None  # made on first use
         self._copy_seconds = 0.0
+        self._phases: dict[str, float] = {}
+        self._copy_done = 0.0
         self.ops: dict[str, Operation] = {}  # served beside acquire / read / release / nixl
         _agents[self.id] = self
 
@@ -221,6 +211,7 @@ class KvTransferAgent:
         kind = self.choose(transfer)
         started = time.perf_counter()
         self._copy_seconds = 0.0
+        self._phases = {}
         try:
             if kind == "local":
                 moved = await self._pull_local(transfer, pin, remote, local)
@@ -247,7 +238,8 @@ class KvTransferAgent:
         except (OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             raise TransferError(f"{kind} pull failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - started
-        return PullResult(kind, moved, len(remote), seconds, self._copy_seconds or seconds)
+        copy = self._copy_seconds or seconds
+        return PullResult(kind, moved, len(remote), seconds, copy, self._phases)
 
     async def _pull_local(self, transfer, pin, remote, local) -> int:
         source = _agents.get(transfer.get("agent", ""))
@@ -272,22 +264,37 @@ class KvTransferAgent:
         check = asyncio.ensure_future(
             self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
         )
+        called = time.perf_counter()
         try:
-            moved = await asyncio.to_thread(self._copy_from, src, remote, local)
+            moved = await asyncio.to_thread(self._copy_from, src, remote, local, called)
         finally:
+            returned = time.perf_counter()
             await asyncio.wait({check})
+            self._phases["hop_back"] = returned - self._copy_done
+            self._phases["check_wait"] = time.perf_counter() - returned
         check.result()  # raises TransferError when they were not pinned: data discarded
         return moved
 
-    def _copy_from(self, src: torch.Tensor, remote: list[int], local: list[int]) -> int:
+    def _copy_from(
+        self, src: torch.Tensor, remote: list[int], local: list[int], called: float = 0.0
+    ) -> int:
         started = time.perf_counter()
+        if called:
+            self._phases["hop"] = started - called
         if self._stream is None:
             moved = copy_blocks(src, self.pool, remote, local, self.config.copy)
         else:
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
+                begin.record()
                 moved = copy_blocks(src, self.pool, remote, local, self.config.copy)
+                end.record()
+            self._phases["launch"] = time.perf_counter() - started
             self._stream.synchronize()
-        self._copy_seconds += time.perf_counter() - started
+            self._phases["device"] = begin.elapsed_time(end) / 1e3
+        self._copy_done = time.perf_counter()
+        self._copy_seconds += self._copy_done - started
         return moved
 
     async def _pull_nixl(self, transfer, pin, remote, local) -> int:

@@ -4,12 +4,14 @@ GPUs), and whether their pools' blocks are interchangeable."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 from typing import Any
 
 import torch
 
 
+@functools.cache  # asked on every pull
 def host_id() -> str:
     """Same value in two processes = they share a host (and its GPUs)."""
     boot = ""
