@@ -312,18 +312,21 @@ class KvTransferAgent:
         )
         started = time.perf_counter()
         try:
-            moved = await asyncio.to_thread(
-                endpoint.read, peer, int(info["blocks"]), remote, local, self.config.timeout
-            )
-        except nixl.NixlError:
-            endpoint.drop_peer(peer)  # a dead or restarted peer: load it afresh next time
+            try:
+                moved = await asyncio.to_thread(
+                    endpoint.read, peer, int(info["blocks"]), remote, local, self.config.timeout
+                )
+            finally:
+                await asyncio.wait({check})
+            self._copy_seconds += time.perf_counter() - started
+            check.result()
+        except TransferError:  # not pinned: the peer is fine
             raise
-        finally:
-            await asyncio.wait({check})
-            if not check.cancelled():
-                check.exception()  # retrieved here; raised below when the read succeeded
-        self._copy_seconds += time.perf_counter() - started
-        check.result()
+        except BaseException:
+            if check.done() and not check.cancelled():
+                check.exception()  # retrieved: the read's own error is the one raised
+            endpoint.drop_peer(peer)  # dead or restarted: loaded afresh next time
+            raise
         return moved
 
     async def _pull_tcp(self, transfer, pin, remote, local) -> int:

@@ -112,3 +112,19 @@ async def test_a_prefill_side_without_nixl_does_not_offer_it(monkeypatch):
     finally:
         await decode.close()
         await prefill.close()
+
+
+@needs_nixl
+async def test_a_dead_prefill_side_fails_the_pull_and_is_forgotten():
+    prefill, decode = await _pair("nixl", {"p": [1, 2]})
+    try:
+        transfer = prefill.describe()
+        await decode.pull(transfer, "p", [1], [3])
+        assert decode._nixl.has_peer(prefill.id)
+        await prefill.close()  # its server and its NIXL agent are gone
+        with pytest.raises(TransferError):
+            await decode.pull(transfer, "p", [2], [4])
+        assert not decode._nixl.has_peer(prefill.id)
+    finally:
+        await decode.close()
+        await prefill.close()
