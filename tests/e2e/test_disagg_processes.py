@@ -178,12 +178,12 @@ def test_disaggregated_output_equals_aggregated(fleet, tmp_path, transport):
     wait_until(lambda: d.idle(prefill) and d.idle(decode), 30, "idle pools", [prefill, decode])
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_tensor_parallel_prefill_and_decode_workers_give_the_aggregated_output(
-    fleet, tmp_path, transport
-):
+def test_tensor_parallel_prefill_and_decode_workers_give_the_aggregated_output(fleet, tmp_path):
     """TP=2 on both sides (gloo ranks): each rank's pool moves, prefill rank r to decode
-    rank r, and the decode side continues exactly as a TP=1 aggregated worker."""
+    rank r, and the decode side continues exactly as a TP=1 aggregated worker. (Over TCP:
+    the per-rank pull is the same for every transport; NIXL with TP=2 passed too, and
+    costs a minute of CI.)"""
+    transport = "tcp"
     agg = DisaggFleet(fleet, tmp_path, "agg")
     agg_front, agg_url = agg.frontend()
     agg_worker = agg.worker("aggregated")
