@@ -149,4 +149,5 @@ async def pull_all_ranks(
         blocks=len(remote),
         seconds=time.perf_counter() - started,
         copy_seconds=max(r.copy_seconds for r in done),
+        phases=done[0].phases,  # rank 0's
     )
