@@ -77,6 +77,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         dtype="bfloat16" if args.device == "cuda" else "float32",
         load_format="auto" if args.tiny else "dummy",
         max_num_seqs=CONCURRENCY,
+        **json.loads(args.engine_config),
     )
     core = EngineCore(config, mdir)
     vocab = core.spec.vocab_size
@@ -127,6 +128,14 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         }
 
     res: dict = {}
+    for name in args.profiles if args.profiles_only else ():
+        lengths = workload(args, name)
+        for r in [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]:
+            core.add_request(r)
+        res[name] = timed(drain)
+    if args.profiles_only:
+        print("ENGINE-ALONE " + json.dumps(res), flush=True)
+        return
     for trial in range(2):  # the second: the first compiles and warms
         core.add_request(req(f"b1-{trial}", 32, 256))
         t = drain()[f"b1-{trial}"]
@@ -160,11 +169,14 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     print("ENGINE-ALONE " + json.dumps(res), flush=True)
 
 
-def engine_alone(args: argparse.Namespace, log: Path) -> dict:
+def engine_alone(
+    args: argparse.Namespace, log: Path, config: str = "{}", profiles_only: bool = False
+) -> dict:
     cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
     cmd += ["--num-requests", str(args.num_requests), "--profiles", *args.profiles]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--closed-loop"] if args.closed_loop else []
+    cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
     with log.open("wb") as handle:
         subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False, cwd=REPO)
     text = log.read_text(errors="replace")
@@ -261,7 +273,16 @@ def main() -> None:
         action="store_true",
         help=f"also time the engine alone with at most {CONCURRENCY} requests in it at once",
     )
+    ap.add_argument(
+        "--engine-variant",
+        action="append",
+        default=[],
+        help="NAME=JSON: also time the engine alone with these NativeConfig fields (e.g. "
+        'eager_mixed={"cudagraph_mode": "full_decode_only"}), both profiles, all at once',
+    )
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.engine_alone:
@@ -282,6 +303,12 @@ def main() -> None:
     if not args.skip_engine:
         res["engine"] = engine_alone(args, out / "engine_alone.log")
         print("engine alone:", json.dumps(res["engine"]), flush=True)
+    for name, config in (v.partition("=")[::2] for v in args.engine_variant):
+        log = out / f"engine_alone_{name}.log"
+        r = engine_alone(args, log, config, profiles_only=True)
+        res.setdefault("engine_variants", {})[name] = r
+        print(f"engine alone {name}:", json.dumps(r), flush=True)
+        (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
     for name, flags in variants:
         proc, url = start_server(args, mdir, shlex.split(flags), out / f"server_{name}.log")
         try:
@@ -324,6 +351,9 @@ def print_table(res: dict, profiles: list[str], variants: list[str]) -> None:
         runs = [(label, eng[key]) for key, label in modes if key in eng]
         # The reference: the engine alone's better mode.
         e = max((r for _, r in runs), key=lambda r: r["output_tok_s"], default=None)
+        for name, v in res.get("engine_variants", {}).items():
+            if profile in v:
+                runs.append((f"{name}, all at once", v[profile]))
         for label, r in runs:
             print(
                 f"| {profile} | engine alone ({label}) | {r['output_tok_s']:.0f} | "
