@@ -130,11 +130,13 @@ def test_cuda_piecewise_graphs_match_eager_on_a_mixed_step(checkpoints, name, dt
         eager = runner.execute(inputs)
     finally:
         runner.piecewise = pieces
-    tol = 1e-3 if dtype == "float32" else 3e-2
-    torch.testing.assert_close(graphed, eager, rtol=tol, atol=tol)
-    # The eager split on the same device gives the graphs' numbers (same kernels, same bucket).
+    # Padded to a bucket, matmuls may take other kernels: rounding-level differences.
+    tol = (1e-4 if dtype == "float32" else 2e-2) * float(eager.abs().max())
+    assert float((graphed - eager).abs().max()) <= tol
+    assert torch.equal(graphed.argmax(-1), eager.argmax(-1))
+    # The same split run eagerly on the same device: the graphs replay exactly it.
     split = _pieces_logits(runner, pieces, inputs, replay=False)
-    torch.testing.assert_close(graphed, split, rtol=1e-5, atol=1e-5)
+    assert float((graphed - split).abs().max()) <= tol / 10
 
 
 @pytest.mark.gpu
