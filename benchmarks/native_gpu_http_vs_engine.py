@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -72,13 +73,13 @@ def engine_alone_main(args: argparse.Namespace) -> None:
 
     root = Path(tempfile.mkdtemp())
     mdir = model_dir(root, args.tiny)
-    config = NativeConfig(
-        device=args.device,
-        dtype="bfloat16" if args.device == "cuda" else "float32",
-        load_format="auto" if args.tiny else "dummy",
-        max_num_seqs=CONCURRENCY,
-        **json.loads(args.engine_config),
-    )
+    fields = {
+        "device": args.device,
+        "dtype": "bfloat16" if args.device == "cuda" else "float32",
+        "load_format": "auto" if args.tiny else "dummy",
+        "max_num_seqs": CONCURRENCY,
+    }
+    config = NativeConfig(**{**fields, **json.loads(args.engine_config)})
     core = EngineCore(config, mdir)
     vocab = core.spec.vocab_size
     rng = random.Random(7)
@@ -127,7 +128,43 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             "cpu_pct": 100 * (time.process_time() - c0) / secs,
         }
 
+    ids = itertools.count()
+
+    def mixed_steps(decodes: int, prompt_len: int, n: int, profile: bool = False) -> dict:
+        """Mean step with `decodes` sequences decoding and one new `prompt_len`-token prompt
+        entering each step (it ends there: max_tokens 1): the launch-bound mixed step.
+        `profile`: also the GPU's busy fraction over the timed steps (`gpu_busy`)."""
+        for _ in range(decodes):
+            core.add_request(req(f"m{next(ids)}", 64, 10 * n))
+        while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
+            core.step()
+
+        def run(steps: int) -> None:
+            for _ in range(steps):
+                core.add_request(req(f"p{next(ids)}", prompt_len, 1))
+                core.step()
+
+        run(3)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run(n)
+        out: dict = {"ms": 1e3 * (time.perf_counter() - start) / n}
+        if profile:
+            try:
+                out.update(gpu_busy(lambda: run(n)))
+            except Exception as exc:  # the profiler's API moves between torch versions
+                out["error"] = repr(exc)
+        drain()
+        return out
+
     res: dict = {}
+    mixed_steps(16, 128, 5)  # warm-up: the first steps of a shape compile kernels
+    for decodes in (16, 64, 240):  # 240 + 1: under the batch cap
+        r = mixed_steps(decodes, 128, 30, profile=args.device == "cuda")
+        res[f"mixed_step_ms_{decodes}_plus_128"] = r.pop("ms")
+        res[f"gpu_busy_{decodes}_plus_128"] = r
+    print("MIXED " + json.dumps(res), flush=True)
     for name in args.profiles if args.profiles_only else ():
         lengths = workload(args, name)
         for r in [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]:
@@ -167,6 +204,33 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         reqs = [req(f"{name}-c{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]
         res[f"{name}_closed_loop"] = timed(lambda reqs=reqs: closed_loop(reqs))
     print("ENGINE-ALONE " + json.dumps(res), flush=True)
+
+
+def gpu_busy(run) -> dict:
+    """The fraction of `run`'s span during which some kernel ran (torch.profiler): below 1,
+    the GPU waited for the host; and the kernels that took the most GPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    per_name: dict[str, float] = {}
+    for e in kernels:
+        per_name[e.name[:60]] = per_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us()
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "busy": busy / (spans[-1][1] - spans[0][0]),
+        "kernels": len(kernels),
+        "top_ms": {name: round(us / 1e3, 2) for name, us in top},
+    }
 
 
 def engine_alone(
@@ -336,6 +400,17 @@ def print_table(res: dict, profiles: list[str], variants: list[str]) -> None:
         f"{eng.get('b1_decode_tok_s', 0):.1f} tok/s; decode step at 256: "
         f"{eng.get('step_ms_at_256', 0):.2f} ms"
     )
+    engines = {"default": eng, **res.get("engine_variants", {})}
+    for name, r in engines.items():
+        mixed = {k: v for k, v in r.items() if k.startswith("mixed_step_ms_")}
+        if mixed:
+            shown = ", ".join(
+                f"{k.removeprefix('mixed_step_ms_').replace('_plus_', ' + ')}: {v:.2f} ms"
+                for k, v in mixed.items()
+            )
+            print(f"mixed steps, engine alone {name} (decodes + one new prompt): {shown}")
+            busy = {k: v for k, v in r.items() if k.startswith("gpu_busy_")}
+            print(f"  GPU busy over those steps: {busy}")
     print(
         "| profile | setup | output tok/s | / engine | / floor | ITL p50 ms | ITL / step | busiest CPU |"
     )
