@@ -18,8 +18,11 @@ an earlier step left, so their finite garbage never reaches a real row: outside 
 every op is row-wise, and attention runs on the first T rows only. No host sync anywhere.
 
 One replay replaces ~10 kernel launches per layer (norms, projections, RoPE, store, MLP),
-about 3 of 4 launches of a mixed step: what keeps the engine core's host loop ahead of the
-GPU on short-prompt workloads.
+about 3 of 4 launches of a mixed step. Measured on an H100 (8B shape, bf16): a step of 16,
+64 or 240 decodes plus one 128-token prompt took 8.4 / 9.4 / 11.4 ms against 14.3 / 16.2 /
+17.5 ms eagerly, the GPU busy 89-95% of it against 37-56%. Steps of many hundreds of tokens
+are GPU-bound even eagerly: there the padding and the q/k/v copies cost ~2-3% and gain
+nothing, hence the default limit of 512 tokens (`--piecewise-max-tokens`).
 
 Covered: dense decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2,
 Qwen3), one device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary
