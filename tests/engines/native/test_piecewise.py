@@ -50,19 +50,25 @@ def _seq(tokens: list[int], computed: int, blocks: list[int]) -> SimpleNamespace
     )
 
 
-def _mixed_step(runner: ModelRunner) -> StepInputs:
-    """Two prompts prefilled, then one step of: their two decodes, a new 13-token prompt and
-    the first 9-token chunk of another (decodes first, as the scheduler orders them)."""
+def _steps(runner: ModelRunner) -> tuple[StepInputs, StepInputs]:
+    """Two prompts prefilled (30 tokens); then one step of: their two decodes, a new
+    13-token prompt and the first 9-token chunk of another (decodes first, as the scheduler
+    orders them; 24 tokens)."""
     a, b = prompt(1, 21), prompt(2, 9)
     first = runner.prepare([_seq(a, 0, [1, 2]), _seq(b, 0, [3])], [21, 9], [20, 29])
-    runner.execute(first)
     seqs = [
         _seq([*a, 7], 21, [1, 2]),
         _seq([*b, 8], 9, [3]),
         _seq(prompt(3, 13), 0, [4]),
         _seq(prompt(4, 40), 0, [5, 6, 7]),
     ]
-    return runner.prepare(seqs, [1, 1, 13, 9], [0, 1, 14, 23])
+    return first, runner.prepare(seqs, [1, 1, 13, 9], [0, 1, 14, 23])
+
+
+def _mixed_step(runner: ModelRunner) -> StepInputs:
+    first, mixed = _steps(runner)
+    runner.execute(first)
+    return mixed
 
 
 def _pieces_logits(runner: ModelRunner, pieces: PiecewiseGraphs, inputs: StepInputs, replay: bool):
@@ -81,13 +87,16 @@ def test_split_forward_pass_matches_the_model_on_a_mixed_step(checkpoints, name)
     model_dir, _ = checkpoints(name)
     runner = core_for(model_dir).runner
     assert piecewise.supports(runner.model) and runner.piecewise is None  # CPU: no graphs
-    inputs = _mixed_step(runner)
+    first, inputs = _steps(runner)
     assert not inputs.plain_decode and piecewise.eligible(inputs.ctx, runner.model)
-    expected = runner.execute(inputs)
-    # 24 tokens in a 32-token bucket: 8 padded rows, left with garbage from the first run.
     pieces = PiecewiseGraphs(runner.model, 64, runner.device)
-    pieces.input_ids.fill_(3)
-    pieces.positions.fill_(5)
+    first_logits = runner.execute(first)
+    torch.testing.assert_close(
+        _pieces_logits(runner, pieces, first, replay=False), first_logits, rtol=1e-4, atol=1e-4
+    )
+    expected = runner.execute(inputs)
+    # 24 tokens in a 32-token bucket: 8 padded rows, with the ids, positions and KV slots
+    # of the first step's tokens 24..31 (stored there, they would overwrite the cache).
     got = _pieces_logits(runner, pieces, inputs, replay=False)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     again = _pieces_logits(runner, pieces, inputs, replay=False)  # stale rows from step 1
