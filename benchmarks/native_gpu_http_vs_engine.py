@@ -14,10 +14,14 @@ completions endpoint, exact lengths (ignore_eos), the same lengths as (1). It pr
 the busiest server process's CPU, and the workload's floor: prefill FLOPs at the measured
 bf16 matmul rate plus decode bytes (weights once per step at the batch cap, KV read per
 token) at the measured copy bandwidth, and each result's ratio to that floor. Also: batch-1
-decode tok/s and the decode step at batch 256.
+decode tok/s, the decode step at batch 256, and mixed steps in isolation (16 / 64 / 240
+decodes plus one new 128-token prompt each step) with the GPU's busy fraction over them.
+`--engine-variant NAME=JSON` times the engine alone again with other `NativeConfig` fields
+(e.g. eager mixed steps: `{"cudagraph_mode": "full_decode_only"}`).
 
     python benchmarks/native_gpu_http_vs_engine.py [--num-requests 1000] \\
-        [--variant "default=" --variant "api2=--api-server-count 2"]
+        [--variant "default=" --variant "api2=--api-server-count 2"] \\
+        [--engine-variant 'eager_mixed={"cudagraph_mode": "full_decode_only"}']
     python benchmarks/native_gpu_http_vs_engine.py --device cpu --tiny --num-requests 16
 """
 
