@@ -19,7 +19,7 @@ import psutil
 
 from stator.cli.worker import build_engine_config, full_parser, load_engine_spec
 from stator.engines.vllm import VllmConfig
-from stator.engines.vllm.engine import engine_args
+from stator.engines.vllm.args import engine_args
 from tests.procs import repo_env, stator_process
 
 pytestmark = pytest.mark.integration
