@@ -11,18 +11,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+from tests.frontend.parser_stack import WEATHER_TOOL
+
+WEATHER = WEATHER_TOOL
 TIME = {
     "type": "function",
     "function": {

@@ -19,18 +19,12 @@ from stator.llm import Tokenizer
 from stator.parsers import ParsedDelta
 from stator.parsers.calls import assemble_calls
 from stator.protocols import EngineOutput, ModelCard
-from tests.engines.vllm.harmony import harmony_tokenizer_json
 from tests.frontend.processor.corpus import (
     HARMONY_OUTPUTS,
     HERMES_DIFFERENT,
     HERMES_OUTPUTS,
 )
-from tests.frontend.processor.models import (
-    CONTEXT,
-    both_processors,
-    harmony_model,
-    tools_model,
-)
+from tests.frontend.processor.models import both_processors, harmony_card, tools_card
 
 
 def engine_outputs(plan: ChoicePlan, script: list[int]) -> list[EngineOutput]:
@@ -104,27 +98,13 @@ def compare(
 
 
 def test_qwen3_reasoning_and_hermes_calls(tmp_path):
-    model_dir = tools_model(tmp_path / "tools")
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=CONTEXT,
-        reasoning_parser="qwen3",
-        tool_call_parser="hermes",
-    )
-    tokenizer = Tokenizer.from_dir(model_dir)
+    card = tools_card(tmp_path / "tools")
+    tokenizer = Tokenizer.from_dir(card.source_path)
     compare(card, tokenizer, HERMES_OUTPUTS, [tokenizer.eos_token_ids[0]], HERMES_DIFFERENT)
 
 
 def test_gpt_oss_harmony(tmp_path):
-    model_dir = harmony_model(tmp_path / "gpt-oss", harmony_tokenizer_json())
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=131072,
-        reasoning_parser="gpt_oss",
-        tool_call_parser="harmony",
-    )
-    tokenizer = Tokenizer.from_dir(model_dir)
+    card = harmony_card(tmp_path / "gpt-oss")
+    tokenizer = Tokenizer.from_dir(card.source_path)
     # Harmony outputs end on their own stop token (<|return|> or <|call|>).
     compare(card, tokenizer, HARMONY_OUTPUTS, [], {})

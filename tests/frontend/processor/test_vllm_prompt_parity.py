@@ -16,14 +16,13 @@ from stator.frontend import errors
 from stator.frontend.openai.requests import ChatCompletionRequest
 from stator.parsers.harmony.chat import conversation_start_date
 from stator.protocols import ModelCard
-from tests.engines.vllm.harmony import harmony_tokenizer_json
 from tests.frontend.processor.corpus import chat_corpus
 from tests.frontend.processor.models import (
     CONTEXT,
     both_processors,
     chatml_model,
-    harmony_model,
-    tools_model,
+    harmony_card,
+    tools_card,
 )
 
 CORPUS = chat_corpus()
@@ -80,27 +79,12 @@ def test_chatml_prompt_ids(tmp_path):
 
 def test_tools_template_prompt_ids(tmp_path):
     """The tool-aware template with Qwen3 reasoning and Hermes tool calls: every request."""
-    model_dir = tools_model(tmp_path / "tools")
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=CONTEXT,
-        reasoning_parser="qwen3",
-        tool_call_parser="hermes",
-    )
-    compare(card, CORPUS)
+    compare(tools_card(tmp_path / "tools"), CORPUS)
 
 
 def test_gpt_oss_prompt_ids(tmp_path):
     """GPT-OSS on o200k_harmony (Harmony rendering on both sides): every request."""
-    model_dir = harmony_model(tmp_path / "gpt-oss", harmony_tokenizer_json())
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=131072,
-        reasoning_parser="gpt_oss",
-        tool_call_parser="harmony",
-    )
+    card = harmony_card(tmp_path / "gpt-oss")
     # GPT-OSS knows low, medium and high effort: a 400 from both for anything else.
     minimal = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "minimal"}
     compare(card, [*CORPUS, ("minimal-effort-refused", minimal)])
