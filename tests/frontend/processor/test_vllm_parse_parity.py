@@ -14,17 +14,16 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not installed here (run .ci/vllm.sh)")
 
 from stator.frontend.openai.requests import ChatCompletionRequest
-from stator.frontend.processor import ChoicePlan
+from stator.frontend.processor import ChoicePlan, Processor
 from stator.llm import Tokenizer
 from stator.parsers import ParsedDelta
 from stator.parsers.calls import assemble_calls
-from stator.protocols import EngineOutput, ModelCard
+from stator.protocols import EngineOutput
 from tests.frontend.processor.corpus import (
     HARMONY_OUTPUTS,
     HERMES_DIFFERENT,
     HERMES_OUTPUTS,
 )
-from tests.frontend.processor.models import both_processors, harmony_card, tools_card
 
 
 def engine_outputs(plan: ChoicePlan, script: list[int]) -> list[EngineOutput]:
@@ -62,7 +61,7 @@ def run_choice(plan: ChoicePlan, script: list[int]) -> tuple[str, str, list, str
 
 
 def compare(
-    card: ModelCard,
+    processors: tuple[Processor, Processor],
     tokenizer: Tokenizer,
     outputs,
     script_end: list[int],
@@ -71,7 +70,7 @@ def compare(
     """Every output parses alike, except exactly those in `known_different` (a new
     difference fails, and so does a listed one that went away: update the list and
     docs/vllm.md)."""
-    stator, vllm = asyncio.run(both_processors(card))
+    stator, vllm = processors
     differ = []
     different = set()
     for name, text, tools in outputs:
@@ -97,14 +96,14 @@ def compare(
     assert different == set(known_different), "the known differences changed"
 
 
-def test_qwen3_reasoning_and_hermes_calls(tmp_path):
-    card = tools_card(tmp_path / "tools")
+def test_qwen3_reasoning_and_hermes_calls(tools_parity):
+    card, *processors = tools_parity
     tokenizer = Tokenizer.from_dir(card.source_path)
-    compare(card, tokenizer, HERMES_OUTPUTS, [tokenizer.eos_token_ids[0]], HERMES_DIFFERENT)
+    compare(processors, tokenizer, HERMES_OUTPUTS, [tokenizer.eos_token_ids[0]], HERMES_DIFFERENT)
 
 
-def test_gpt_oss_harmony(tmp_path):
-    card = harmony_card(tmp_path / "gpt-oss")
+def test_gpt_oss_harmony(harmony_parity):
+    card, *processors = harmony_parity
     tokenizer = Tokenizer.from_dir(card.source_path)
     # Harmony outputs end on their own stop token (<|return|> or <|call|>).
-    compare(card, tokenizer, HARMONY_OUTPUTS, [], {})
+    compare(processors, tokenizer, HARMONY_OUTPUTS, [], {})

@@ -14,6 +14,7 @@ pytest.importorskip("vllm", reason="vllm is not installed here (run .ci/vllm.sh)
 
 from stator.frontend import errors
 from stator.frontend.openai.requests import ChatCompletionRequest
+from stator.frontend.processor import Processor
 from stator.parsers.harmony.chat import conversation_start_date
 from stator.protocols import ModelCard
 from tests.frontend.processor.corpus import chat_corpus
@@ -21,8 +22,6 @@ from tests.frontend.processor.models import (
     CONTEXT,
     both_processors,
     chatml_model,
-    harmony_card,
-    tools_card,
 )
 
 CORPUS = chat_corpus()
@@ -46,8 +45,8 @@ def outcome(processor, body: dict) -> list[int] | str:
     return list(prepared.prompts[0])
 
 
-def compare(card: ModelCard, bodies: list[tuple[str, dict]]) -> None:
-    stator, vllm = asyncio.run(both_processors(card))
+def compare(processors: tuple[Processor, Processor], bodies: list[tuple[str, dict]]) -> None:
+    stator, vllm = processors
     mismatches = []
     refused = 0
     for name, body in bodies:
@@ -74,17 +73,16 @@ def test_chatml_prompt_ids(tmp_path):
     tool-call parser: stator's 400s must match), every other request."""
     model_dir = chatml_model(tmp_path / "chatml")
     card = ModelCard(name="m", source_path=str(model_dir), context_length=CONTEXT)
-    compare(card, [(n, b) for n, b in CORPUS if "tools" not in b])
+    compare(asyncio.run(both_processors(card)), [(n, b) for n, b in CORPUS if "tools" not in b])
 
 
-def test_tools_template_prompt_ids(tmp_path):
+def test_tools_template_prompt_ids(tools_parity):
     """The tool-aware template with Qwen3 reasoning and Hermes tool calls: every request."""
-    compare(tools_card(tmp_path / "tools"), CORPUS)
+    compare(tools_parity[1:], CORPUS)
 
 
-def test_gpt_oss_prompt_ids(tmp_path):
+def test_gpt_oss_prompt_ids(harmony_parity):
     """GPT-OSS on o200k_harmony (Harmony rendering on both sides): every request."""
-    card = harmony_card(tmp_path / "gpt-oss")
     # GPT-OSS knows low, medium and high effort: a 400 from both for anything else.
     minimal = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "minimal"}
-    compare(card, [*CORPUS, ("minimal-effort-refused", minimal)])
+    compare(harmony_parity[1:], [*CORPUS, ("minimal-effort-refused", minimal)])
