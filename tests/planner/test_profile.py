@@ -68,7 +68,10 @@ def test_bad_profiles_are_refused():
 
 
 async def test_profiler_recovers_the_mockers_curves():
-    speedup = 5.0
+    # Real-time steps (1-100 ms) dwarf the event loop's per-step cost and timer lateness,
+    # which a busy machine stretches to several ms: at speedup 5 (0.2-20 ms steps) they
+    # decided the result (measured/true ITL 0.66 to 5.3 under load); at 1, 1.0 to 1.2.
+    speedup = 1.0
     config = MockerConfig(speedup_ratio=speedup, max_model_len=8192, num_gpu_blocks=2048)
     engine = create_engine(config, str(bundled_model_dir()), "tiny")
     await engine.start()
@@ -90,7 +93,9 @@ async def test_profiler_recovers_the_mockers_curves():
     for b, batch in enumerate(profile.batch_sizes[:2]):
         context = (512 + 6) * batch
         expected = truth.decode_ms(StepShape(0, int(batch), int(context), kv)) / speedup
-        assert expected * 0.7 <= profile.decode_ms[b][0] <= expected * 3 + 2
+        # Loose below too: on a busy machine a stalled event loop takes the first tokens
+        # late and the rest in a rush (0.83 ms measured for a 1.19 ms step at load 16).
+        assert expected * 0.5 <= profile.decode_ms[b][0] <= expected * 3 + 2
     assert profile.feasible == [[True], [True], [False]]  # 4096 × 512 > 2048 blocks
     assert profile.max_kv_tokens == kv
 
