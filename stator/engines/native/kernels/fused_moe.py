@@ -280,23 +280,40 @@ def uses_gemv(pairs: int) -> bool:
     return pairs <= GEMV_MAX_PAIRS
 
 
+def _expands(pairs: int, moe, allow_expand: bool) -> bool:
+    from stator.engines.native.kernels import moe_dequant
+
+    min_pairs = moe_dequant.MIN_PAIRS
+    return allow_expand and moe.packed and bool(min_pairs) and pairs >= min_pairs
+
+
+def takes_pairs(x: torch.Tensor, moe) -> bool:
+    """Whether fused_moe(x, ...) runs the streaming kernels on fp16 pairs of x
+    (moe_half2.py), which the router kernel can write (`moe_route.route(..., x)`)."""
+    from stator.engines.native.kernels.moe_gemv import uses_half2
+
+    pairs = x.shape[0] * moe.top_k
+    return not _expands(pairs, moe, True) and uses_gemv(pairs) and uses_half2(moe, x.dtype)
+
+
 def fused_moe(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True
-) -> torch.Tensor:
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True,
+    x_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
     """y [T, H] = sum over each token's k experts of weight * expert(x); `moe` is the
-    models.moe.MoE module holding this rank's experts."""
+    models.moe.MoE module holding this rank's experts. `x_pairs`: x as fp16 pairs already
+    (where `takes_pairs`)."""
     tokens, hidden = x.shape
     top_k, inter, local = ids.shape[1], moe.inter, moe.local
     pairs = tokens * top_k
-    if allow_expand and moe.packed:
+    if _expands(pairs, moe, allow_expand):
         from stator.engines.native.kernels import moe_dequant
 
-        if moe_dequant.MIN_PAIRS and pairs >= moe_dequant.MIN_PAIRS:
-            return moe_dequant.expanded_moe(x, weights, ids, moe)
+        return moe_dequant.expanded_moe(x, weights, ids, moe)
     if uses_gemv(pairs):
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
-        return moe_gemv(x, weights, ids, moe)
+        return moe_gemv(x, weights, ids, moe, x_pairs)
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
