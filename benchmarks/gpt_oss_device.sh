@@ -30,8 +30,8 @@ run() {  # run LIMIT_S NAME CMD...: output appended to $LOG, status printed
 B="python3 benchmarks/gpt_oss_gpu.py --out $OUT"
 # The tokenizer is needed for HTTP only (the engine parts run without one).
 if [ -f "$TOKENIZER" ]; then B="$B --tokenizer-json $TOKENIZER"; fi
-run 240 engine_20b_mxfp4 $B --model 20b --parts moe engine --profile
-run 300 http_20b $B --model 20b --parts http
+run 170 engine_20b_mxfp4 $B --model 20b --parts moe engine --profile
+run 240 http_20b $B --model 20b --parts http
 run 150 tests python3 -m pytest -q -p no:cacheprovider -m gpu \
   -k "fused_moe or grouped_gemms or router_kernel or expanded or float32_matches or half2 or gemv" \
   tests/engines/native/test_gpu_gpt_oss.py tests/engines/native/test_kernels.py
