@@ -203,7 +203,8 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
 
         def gemm_cfg(cfg, pairs=pairs):
             fm.MXFP4_GEMM, tile = cfg
-            table = fm.WORD_CONFIGS if fm.MXFP4_GEMM == "words" else fm.CONFIGS
+            tables = {"words": fm.WORD_CONFIGS, "scaled": fm.SCALED_CONFIGS}
+            table = tables.get(fm.MXFP4_GEMM, fm.CONFIGS)
             slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
             table[slot] = (table[slot][0], tile)
 
@@ -243,6 +244,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
         res["by_batch_us"][tokens] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
     res["installed"] = {"gemv": moe_gemv.CONFIG, "half2": moe_gemv.HALF2, "mxfp4_gemm": fm.MXFP4_GEMM,
                         "word_configs": fm.WORD_CONFIGS, "configs": fm.CONFIGS,
+                        "scaled_configs": fm.SCALED_CONFIGS,
                         "gemv_max_pairs": fm.GEMV_MAX_PAIRS, "min_pairs": moe_dequant.MIN_PAIRS}  # fmt: skip
     return res
 

@@ -235,15 +235,24 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
 # only: it upcasts to bf16 on Hopper). None: by size, words up to WORDS_MAX_PAIRS (token,
 # expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
-# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 436 us words vs 530 scaled; 256
-# tokens 758 vs 739; 512 / 1,024 / 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against
-# words 1,754 / 2,687 / 4,800 and byte-wise 11,862 at 2,048.
+# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 414-436 us words vs 497-530 scaled;
+# 256 tokens 763 words vs 640 scaled with SCALED_CONFIGS' 64 x 64 tiles; 512 / 1,024 /
+# 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against words 1,754 / 2,687 / 4,800 and
+# byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
+# (scaled faster); it was not measured closer: 512 is the middle.
 MXFP4_GEMM: str | None = None
-WORDS_MAX_PAIRS = 1024
+WORDS_MAX_PAIRS = 512
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
 # The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
 # 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
 # byte-wise; 256 tokens 758 us with (32, 64, 128, 4, 3) vs 796-1,675 and 1,086 byte-wise.
+# The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
+# (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
+# (32, 128, 64, 4, 3) 838; above 1,024 pairs CONFIGS' large tile.
+SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (1024, (64, 64, 64, 4, 3)),
+    (1 << 62, (128, 128, 64, 8, 3)),
+]
 WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (256, (16, 64, 128, 4, 3)),
     (1024, (32, 64, 128, 4, 3)),
@@ -263,8 +272,9 @@ def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     return "words" if mode == "scaled" and dtype != torch.bfloat16 else mode
 
 
-def _config(pairs: int, hidden: int, inter: int, words: bool) -> tuple[int, int, int, int, int]:
-    table = WORD_CONFIGS if words else CONFIGS
+def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
+    words = mode == "words"
+    table = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
     block_m, block_n, block_k, warps, stages = next(c for n, c in table if pairs <= n)
     if words:  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
@@ -319,7 +329,7 @@ def fused_moe(
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = mode == "words"
-    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, words)
+    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
     sorted_ids, block_expert = moe_align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
     if words:

@@ -36,14 +36,15 @@ from stator.engines.native.kernels.moe_half2 import (
     pair_index,
 )
 
-# bf16: (BLOCK_N rows, BLOCK_K values per step, warps); mxfp4: (BLOCK_N rows, groups of 32
-# values per step, warps). H100, 20B, MXFP4, batch 1, one layer as a CUDA graph, router
-# included (benchmarks/gpt_oss_gpu.py, 2026-11-27): (2, 16, 4) 61.3 us; (4, 8, 4) 70.5,
-# (4, 16, 4) 71.1, (8, 16, 4) 72.9. The byte-wise predecessor of these kernels (one program
-# per pair, a scale gathered per byte, the k-sum apart) took 110 us. The kernels still run
-# at ~1 TB/s (up 31 us, down 19 us a layer): more rows per program is slower, so the next
-# step is more loads in flight per program, not more arithmetic savings. bf16: not swept.
-CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4), "half2": (2, 16, 4)}
+# bf16: (BLOCK_N rows, BLOCK_K values per step, warps); mxfp4 and half2 (the fp16-pair
+# dots, moe_half2.py): (BLOCK_N rows, groups of 32 values per step, warps). H100, 20B,
+# MXFP4, batch 1, one layer as a CUDA graph, router included (benchmarks/gpt_oss_gpu.py,
+# 2026-11-27, session 3): half2 (2, 8, 4) 45.0 us, (1, 16, 4) 46.8, (4, 16, 4) 50.6,
+# (2, 16, 4) 51.3, (2, 32, 4) 52.8, (4, 16, 8) 62.6; float32 dots (2, 16, 4) 59.9 (session
+# 2: 61.3, against (4, 8, 4) 70.5, (8, 16, 4) 72.9; the byte-wise kernels before: 110).
+# In the engine's batch-1 step the half2 kernels take up 21.6 us and down 15.4 us a layer
+# (1.6 and 1.2 TB/s): still short of the copy bandwidth. bf16: not swept.
+CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4), "half2": (2, 8, 4)}
 # Packed experts in a half-precision model take the fp16-pair path (moe_half2.py): None =
 # then; True = also in float32 models (tests); False = never.
 HALF2: bool | None = None
