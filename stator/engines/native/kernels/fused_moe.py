@@ -243,9 +243,6 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 MXFP4_GEMM: str | None = None
 WORDS_MAX_PAIRS = 512
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
-# The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
-# 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
-# byte-wise; 256 tokens 758 us with (32, 64, 128, 4, 3) vs 796-1,675 and 1,086 byte-wise.
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
 # (32, 128, 64, 4, 3) 838; above 1,024 pairs CONFIGS' large tile.
@@ -253,6 +250,9 @@ SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (64, 64, 64, 4, 3)),
     (1 << 62, (128, 128, 64, 8, 3)),
 ]
+# The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
+# 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
+# byte-wise; 256 tokens 758 us with (32, 64, 128, 4, 3) vs 796-1,675 and 1,086 byte-wise.
 WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (256, (16, 64, 128, 4, 3)),
     (1024, (32, 64, 128, 4, 3)),
@@ -262,7 +262,8 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 # Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
 # tensor-core tile of 16 rows would hold about one pair per expert. Same runs: 4 tokens
-# 153 us streaming vs 259 grouped, 8 tokens 281 vs 279.
+# 153 us streaming vs 259 grouped, 8 tokens 281 vs 279; with the fp16-pair streaming
+# kernels (session 3) 138 vs 242 and 248 vs 273.
 GEMV_MAX_PAIRS = 32
 
 
