@@ -262,6 +262,10 @@ def engine_transfers(fleet: Fleet, rng: random.Random, reps: int) -> dict:
                 "bytes": nbytes, "pull_ms": secs * 1e3, "copy_ms": copy * 1e3,
                 "pull_GBps": nbytes / secs / 1e9 if secs else 0.0,
                 "copy_GBps": nbytes / copy / 1e9 if copy else 0.0, "request_s": wall,
+                # where the pull's time went (PullResult.phases)
+                **{f"{p}_ms": (after.get(f"kv_transfer_{p}_seconds_total", 0)
+                               - before.get(f"kv_transfer_{p}_seconds_total", 0)) * 1e3
+                   for p in ("hop", "launch", "device", "hop_back", "check_wait")},
             })  # fmt: skip
         best = max(rows, key=lambda r: r["pull_GBps"])
         out[str(n)] = {"best": best, "runs": rows}

@@ -4,26 +4,17 @@
     PYTHONPATH=. python benchmarks/planner.py --runs planner:C static:4,5
 
 Real processes: one `stator frontend` and `stator worker --engine mocker` workers started
-and stopped by the planner's local connector (file discovery, ZMQ events). The trace's
-window [start, start + H) is replayed at its own rate, then [start + H, start + 3H) at
-twice its rate (so both halves last H of trace time); every time is divided by
-`--time-scale`, and the mockers run `--speedup-ratio` equal to it, so the fleet sees the
-trace's load in simulated time on a CPU. Latencies are reported in simulated ms (wall ×
-time scale). Each 512-token hash id of the trace becomes 512 fixed token ids (shared ids,
-shared prefixes); prompts go as token ids (no tokenizer cost).
+and stopped by the planner's local connector (file discovery, ZMQ events), replaying the
+experiment of `planner_experiment.py` (the trace, its rate doubled halfway, the variants,
+the scoring); the mockers run `--speedup-ratio` equal to the time scale. Each 512-token
+hash id of the trace becomes 512 fixed token ids (shared ids, shared prefixes); prompts go
+as token ids (no tokenizer cost).
 
 Per run: the share of `--interval`-second windows (simulated) whose p90 TTFT and p90 ITL
 both meet the targets, worker-seconds spent during the replay (simulated), failed
 requests. The planner's run also draws workers vs load (`--plot`). The goal (issue 18):
 the planner meets both targets in >= 95% of intervals while spending fewer
 worker-seconds than the smallest static fleet that also meets them, with zero failures.
-
-Planner variants: A = SLA policy, defaults; B = SLA with min 2 workers; C = SLA with min
-4; D = SLA with min 2, the load predicted as the mean of the last 3 intervals (a 5 s wall
-interval holds 5-25 requests: a trend through them chases Poisson noise) and planned at
-0.9 of each target; E = D with min 3 (the cheapest in `benchmarks/planner_sim.py`);
-F = D with min 4 (the one that met the targets on all three trace samples there); L = the
-load policy (KV / queue thresholds).
 
 The machine's load average is printed with each run: the workers are Python processes
 sharing the CPU with whatever else runs, and on a busy machine their steps stretch (on
@@ -37,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -46,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -55,9 +45,19 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.planner_experiment import (  # noqa: E402
+    Record,
+    add_arguments,
+    intervals,
+    pct,
+    profile_path,
+    runs,
+    share_met,
+    trace_requests,
+    variant_config,
+)
 from stator.engines.mocker import MockerConfig, create_engine  # noqa: E402
 from stator.models import bundled_model_dir  # noqa: E402
-from stator.planner.config import PlannerConfig  # noqa: E402
 from stator.planner.connectors.local import LocalConnector  # noqa: E402
 from stator.planner.observe import FrontendScraper  # noqa: E402
 from stator.planner.profile import PerfProfile  # noqa: E402
@@ -77,40 +77,16 @@ class Arrival:
 
 
 def arrivals(args) -> list[Arrival]:
-    a, h = args.trace_start, args.half
     blocks: dict[int, list[int]] = {}
-    rng = random.Random(0)
     out = []
-    with open(args.trace) as f:
-        for line in f:
-            row = json.loads(line)
-            t = row["timestamp"] / 1000
-            if t < a:
-                continue
-            if t >= a + 3 * h:
-                break
-            if args.sample < 1 and rng.random() >= args.sample:
-                continue
-            # second half: twice the rate
-            sim = t - a if t < a + h else h + (t - a - h) / 2
-            tokens: list[int] = []
-            for hid in row["hash_ids"]:
-                if hid not in blocks:
-                    blocks[hid] = np.random.default_rng(hid).integers(10, VOCAB, 512).tolist()
-                tokens.extend(blocks[hid])
-            length = max(1, min(row["input_length"], args.max_input_tokens))
-            out.append(
-                Arrival(sim / args.time_scale, tokens[:length], max(1, row["output_length"]))
-            )
+    for req in trace_requests(args):
+        tokens: list[int] = []
+        for hid in req.row["hash_ids"]:
+            if hid not in blocks:
+                blocks[hid] = np.random.default_rng(hid).integers(10, VOCAB, 512).tolist()
+            tokens.extend(blocks[hid])
+        out.append(Arrival(req.at, tokens[: req.isl], req.osl))
     return out
-
-
-@dataclass
-class Record:
-    at: float
-    ttft: float | None = None
-    gaps: list[tuple[float, float]] = field(default_factory=list)  # (time, gap)
-    error: str | None = None
 
 
 async def one(http: aiohttp.ClientSession, url: str, arrival: Arrival, t0: float) -> Record:
@@ -173,37 +149,6 @@ async def replay(url: str, plan: list[Arrival]) -> tuple[list[Record], float]:
     return list(records), t0
 
 
-def pct(values: list[float], p: float) -> float:
-    return float(np.percentile(values, p)) if values else math.nan
-
-
-def intervals(records: list[Record], args) -> list[dict]:
-    """Per simulated interval: p90 TTFT of requests arriving in it, p90 ITL of the gaps
-    that ended in it (both simulated ms), and whether both meet the targets."""
-    width = args.interval / args.time_scale
-    end = max((r.at for r in records), default=0.0)
-    n = max(1, math.ceil(end / width))
-    ttfts: list[list[float]] = [[] for _ in range(n)]
-    gaps: list[list[float]] = [[] for _ in range(n)]
-    for r in records:
-        if r.ttft is not None:
-            ttfts[min(n - 1, int(r.at / width))].append(r.ttft * args.time_scale * 1000)
-        for t, g in r.gaps:
-            i = int(t / width)
-            if i < n:
-                gaps[i].append(g * args.time_scale * 1000)
-    out = []
-    for i in range(n):
-        ttft, itl = pct(ttfts[i], 90), pct(gaps[i], 90)
-        ok_ttft = not ttfts[i] or ttft <= args.ttft_target
-        ok_itl = not gaps[i] or itl <= args.itl_target
-        out.append(
-            {"t": i * args.interval, "requests": len(ttfts[i]), "ttft_p90": ttft, "itl_p90": itl,
-             "ok": ok_ttft and ok_itl}
-        )  # fmt: skip
-    return out
-
-
 def worker_seconds(connector: LocalConnector, t0: float, t1: float, scale: float) -> float:
     """Simulated worker-seconds during [t0, t1] (monotonic clock)."""
     total = 0.0
@@ -264,46 +209,8 @@ def worker_flags(args, discovery: str) -> list[str]:
     ]  # fmt: skip
 
 
-def variant_config(name: str, args) -> PlannerConfig:
-    # The planner works in wall time: the targets and its interval are divided by the
-    # time scale (the profile was measured at the same speedup).
-    base = dict(
-        ttft_target=args.ttft_target / args.time_scale,
-        itl_target=args.itl_target / args.time_scale,
-        adjustment_interval=args.planner_interval / args.time_scale,
-        scale_down_cooldown=args.cooldown / args.time_scale,
-        max_workers=args.max_workers,
-        load_predictor="trend",
-    )
-    variants = {
-        "A": dict(),
-        "B": dict(min_workers=2),
-        "C": dict(min_workers=4),
-        "D": dict(
-            min_workers=2,
-            load_predictor="moving-average",
-            predictor_window=3,
-            sla_headroom=0.9,
-        ),
-        "E": dict(
-            min_workers=3,
-            load_predictor="moving-average",
-            predictor_window=3,
-            sla_headroom=0.9,
-        ),
-        "F": dict(
-            min_workers=4,
-            load_predictor="moving-average",
-            predictor_window=3,
-            sla_headroom=0.9,
-        ),
-        "L": dict(policy="load", min_workers=1),
-    }
-    return PlannerConfig(**{**base, **variants[name]})
-
-
 async def profile_mocker(args) -> PerfProfile:
-    path = Path(args.profile)
+    path = Path(profile_path(args))
     if path.exists():
         return PerfProfile.load(path)
     config = MockerConfig(
@@ -356,6 +263,7 @@ async def run_one(kind: str, arg: str, plan: list[Arrival], args, workdir: Path)
             await wait_live(url, max(1, config.min_workers))
             planner_task = asyncio.create_task(planner.run(stop))
         t_start = time.monotonic()
+        load_at_start = os.getloadavg()[0]
         records, _ = await replay(url, plan)
         t_end = time.monotonic()
     finally:
@@ -371,8 +279,7 @@ async def run_one(kind: str, arg: str, plan: list[Arrival], args, workdir: Path)
         frontend_log.close()
     load_average = os.getloadavg()[0]
     windows = intervals(records, args)
-    scored = [w for w in windows if w["requests"]]
-    met = sum(w["ok"] for w in scored) / max(1, len(scored))
+    met, scored = share_met(windows)
     failed = [r.error for r in records if r.error]
     result = {
         "run": f"{kind}:{arg}",
@@ -380,12 +287,13 @@ async def run_one(kind: str, arg: str, plan: list[Arrival], args, workdir: Path)
         "failed": len(failed),
         "failures": failed[:5],
         "intervals_met": met,
-        "intervals": len(scored),
+        "intervals": scored,
         "worker_seconds": worker_seconds(connector, t_start, t_end, args.time_scale),
         "ttft_p90_ms": pct([r.ttft * args.time_scale * 1000 for r in records if r.ttft], 90),
         "itl_p90_ms": pct([g * args.time_scale * 1000 for r in records for _, g in r.gaps], 90),
         "windows": windows,
         "load_average": load_average,
+        "load_average_start": load_at_start,
     }
     if planner is not None:
         result["decisions"] = [
@@ -442,25 +350,7 @@ def plot(result: dict, args, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default="/work/shared/data/mooncake/conversation_trace.jsonl")
-    parser.add_argument("--trace-start", type=float, default=600.0, help="trace second to start at")
-    parser.add_argument("--half", type=float, default=180.0, help="trace seconds of each half")
-    parser.add_argument(
-        "--sample", type=float, default=0.25, help="share of the trace's requests sent"
-    )
-    parser.add_argument(
-        "--slowdown", type=float, default=4.0, help="worker times x this (see slow_gpu_profile)"
-    )
-    parser.add_argument("--time-scale", type=float, default=2.0)
-    parser.add_argument("--max-input-tokens", type=int, default=32768)
-    parser.add_argument("--ttft-target", type=float, default=4000.0, help="p90, simulated ms")
-    parser.add_argument("--itl-target", type=float, default=60.0, help="p90, simulated ms")
-    parser.add_argument("--interval", type=float, default=15.0, help="scoring window, simulated s")
-    parser.add_argument("--planner-interval", type=float, default=10.0, help="simulated s")
-    parser.add_argument("--cooldown", type=float, default=60.0, help="scale-down, simulated s")
-    parser.add_argument("--max-workers", type=int, default=8)
-    parser.add_argument("--runs", default="planner:C,B,A static:4,5,6")
-    parser.add_argument("--profile", default="/tmp/stator-planner-bench-profile.json")
+    add_arguments(parser, runs="planner:F static:4,5")
     parser.add_argument("--out", default="/tmp/stator-planner-bench.json")
     parser.add_argument("--plot", default="/tmp/stator-planner-bench.png")
     args = parser.parse_args()
@@ -477,12 +367,8 @@ def main() -> None:
         f"OSL {statistics.fmean(a.max_tokens for a in plan):.0f}",
         flush=True,
     )
-    runs = []
-    for group in args.runs.split():
-        kind, _, names = group.partition(":")
-        runs += [(kind, n) for n in names.split(",")]
     results = []
-    for kind, name in runs:
+    for kind, name in runs(args.runs):
         with tempfile.TemporaryDirectory(prefix="planner-bench-") as tmp:
             result = asyncio.run(run_one(kind, name, plan, args, Path(tmp)))
         results.append(result)
@@ -491,7 +377,7 @@ def main() -> None:
             f"{result['intervals']} intervals, {result['worker_seconds']:8.0f} worker-s, "
             f"p90 TTFT {result['ttft_p90_ms']:7.0f} ms, p90 ITL {result['itl_p90_ms']:5.1f} ms, "
             f"{result['failed']} failed {result['failures'][:2]}, "
-            f"load average {result['load_average']:.1f}",
+            f"load average {result['load_average_start']:.1f} -> {result['load_average']:.1f}",
             flush=True,
         )
         Path(args.out).write_text(json.dumps(results, indent=1))

@@ -4,7 +4,7 @@ simulation of one mocker worker fed the Mooncake mix that `benchmarks/planner.py
     PYTHONPATH=. python benchmarks/planner_model.py [--profile FILE]
 
 The simulation is a discrete-event loop of a vLLM-style worker with the mocker's timing
-(`PolynomialTiming`, × `--slowdown`, ÷ `--speedup`, as planner.py's workers): Poisson
+(`PolynomialTiming`, × `--slowdown`, ÷ `--time-scale`, as planner.py's workers): Poisson
 arrivals of (ISL, OSL) pairs drawn from the trace window, one FCFS queue, chunked prefill
 of at most `--max-batched-tokens` per step, every running sequence advancing one token
 per step; a step that carries prefill costs prefill + decode time. It prints, per rate, the
@@ -15,7 +15,6 @@ profile's curves: the ratio the planner's ITL correction has to learn.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -25,6 +24,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.planner_experiment import (  # noqa: E402
+    add_trace_arguments,
+    profile_path,
+    trace_requests,
+)
 from stator.engines.mocker.timing import PolynomialTiming, StepShape  # noqa: E402
 from stator.planner import sizing  # noqa: E402
 from stator.planner.profile import PerfProfile  # noqa: E402
@@ -33,26 +37,12 @@ KV_TOKENS = 16384 * 64  # the mocker's default cache, as planner.py's slow profi
 
 
 def trace_pairs(args) -> list[tuple[int, int]]:
-    rng = random.Random(0)
-    pairs = []
-    with open(args.trace) as f:
-        for line in f:
-            row = json.loads(line)
-            t = row["timestamp"] / 1000
-            if t < args.trace_start:
-                continue
-            if t >= args.trace_start + 3 * args.half:
-                break
-            if rng.random() >= args.sample:
-                continue
-            isl = max(1, min(row["input_length"], args.max_input_tokens))
-            pairs.append((isl, max(1, row["output_length"])))
-    return pairs
+    return [(r.isl, r.osl) for r in trace_requests(args)]
 
 
 def simulate(rate: float, pairs, args, seed: int) -> tuple[float, float]:
     """(p90 gap, mean gap) in wall ms over `args.seconds` of Poisson arrivals."""
-    poly, scale = PolynomialTiming(), args.slowdown / args.speedup / 1000
+    poly, scale = PolynomialTiming(), args.slowdown / args.time_scale / 1000
     rng = random.Random(seed)
     arrivals, t = [], 0.0
     while t < args.seconds:
@@ -95,23 +85,16 @@ def simulate(rate: float, pairs, args, seed: int) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default="/work/shared/data/mooncake/conversation_trace.jsonl")
-    parser.add_argument("--trace-start", type=float, default=600.0)
-    parser.add_argument("--half", type=float, default=180.0)
-    parser.add_argument("--sample", type=float, default=0.25)
-    parser.add_argument("--max-input-tokens", type=int, default=32768)
-    parser.add_argument("--slowdown", type=float, default=4.0)
-    parser.add_argument("--speedup", type=float, default=2.0)
+    add_trace_arguments(parser)
     parser.add_argument("--max-batched-tokens", type=int, default=8192)
     parser.add_argument("--seconds", type=float, default=1500.0, help="simulated, per rate")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--rates", default="0.3,0.4,0.5,0.6,0.7,0.8,0.9", help="req/s (wall)")
-    parser.add_argument("--profile", default="/tmp/stator-planner-bench-profile.json")
     args = parser.parse_args()
     pairs = trace_pairs(args)
     isl = float(np.mean([p[0] for p in pairs]))
     osl = float(np.mean([p[1] for p in pairs]))
-    profile = PerfProfile.load(args.profile)
+    profile = PerfProfile.load(profile_path(args))
     print(f"{len(pairs)} requests: mean ISL {isl:.0f}, OSL {osl:.0f}; gaps in wall ms")
     print("rate  sim p90  sim mean  model p90 (mean gap)  sim p90 / model")
     for rate in (float(r) for r in args.rates.split(",")):

@@ -7,8 +7,9 @@ What is simulated: each worker as `benchmarks/planner_model.py` does (a vLLM-sty
 scheduler with the mocker's timing, × `--slowdown`, ÷ `--time-scale`), round-robin routing
 over ready workers as the bench's frontend does, a worker ready `--start-delay` wall
 seconds after it is started, a drained worker finishing its requests before it stops, and
-the frontend metrics the planner reads (requests by first token, ISL/OSL of the finished
-requests, p90 TTFT and ITL of the interval). What is not: the CPU the real processes share
+the frontend metrics the planner reads (the frontend's own histograms, read by the
+planner's own `observe.traffic`: requests by first token, ISL/OSL of the finished
+requests, p90 TTFT and ITL interpolated within buckets as Prometheus does). What is not: the CPU the real processes share
 (on the 2-core dev box, with other work running, that is most of the difference), HTTP,
 and prefix caching (12% of the sampled trace's prompt tokens). It needs no CPU time to
 speak of, so the planner's settings can be compared where real runs are too noisy; the
@@ -18,10 +19,8 @@ real runs remain the measurement of record.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import random
 import sys
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,14 +29,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.planner_experiment import (  # noqa: E402
+    Record,
+    add_arguments,
+    intervals,
+    profile_path,
+    runs,
+    share_met,
+    trace_requests,
+    variant_config,
+)
 from stator.engines.mocker.timing import PolynomialTiming, StepShape  # noqa: E402
+from stator.frontend.metrics import FrontendMetrics  # noqa: E402
 from stator.planner.core import Observation, Planner, RoleObservation  # noqa: E402
+from stator.planner.observe import parse_metrics, traffic  # noqa: E402
 from stator.planner.profile import PerfProfile  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("planner_bench", REPO / "benchmarks/planner.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["planner_bench"] = bench  # its dataclasses look their module up
-_spec.loader.exec_module(bench)
 
 KV_TOKENS = 16384 * 64
 BUDGET = 8192  # max_num_batched_tokens
@@ -51,7 +57,7 @@ class Request:
     left_prompt: float = 0.0
     context: float = 0.0
     left_out: int = 0
-    record: bench.Record = None  # type: ignore[assignment]
+    record: Record = None  # type: ignore[assignment]
     last: float = 0.0  # when its latest token came
 
 
@@ -77,9 +83,9 @@ class Fleet:
         self.scale = args.slowdown / args.time_scale / 1000  # poly ms -> wall s
         self.workers: list[Worker] = []
         self.rr = 0
-        self.finished: list[Request] = []  # since the planner's last look
-        self.first_tokens: list[float] = []  # TTFTs since the last look
-        self.gaps: list[float] = []  # gaps since the last look
+        # What the frontend would export, observed as its GenerationTracker does.
+        self.metrics = FrontendMetrics()
+        self.model = self.metrics.for_model("sim")
         self.last_event = 0.0
 
     def live(self) -> list[Worker]:
@@ -128,6 +134,10 @@ class Fleet:
         w.step_end = now + ms * self.scale
         w.step = (done, decoding)
 
+    def finish(self, req: Request) -> None:
+        self.model.input_tokens.observe(req.isl)
+        self.model.output_tokens.observe(req.osl)
+
     def finish_step(self, w: Worker) -> None:
         now, (done, decoding) = w.step_end, w.step
         w.step_end = w.step = None
@@ -135,21 +145,21 @@ class Fleet:
             gap = now - req.last
             req.last = now
             req.record.gaps.append((now, gap))
-            self.gaps.append(gap)
+            self.model.itl.observe(gap)
             req.context += 1
             req.left_out -= 1
         still = [r for r in w.running if r.left_out > 0]
         for req in w.running:
             if req.left_out <= 0:
-                self.finished.append(req)
+                self.finish(req)
         for req in done:
             req.record.ttft = now - req.at
-            self.first_tokens.append(req.record.ttft)
+            self.model.ttft.observe(req.record.ttft)
             req.last = now
             if req.left_out > 0:
                 still.append(req)
             else:
-                self.finished.append(req)
+                self.finish(req)
         w.running = still
         self.last_event = now
         if w.draining and w.idle():
@@ -158,20 +168,13 @@ class Fleet:
             self.kick(now, w)
 
 
-def pct(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1)]
-
-
 def run(kind: str, arg: str, plan, args, profile: PerfProfile) -> dict:
     fleet = Fleet(args)
     planner = None
     if kind == "static":
         fleet.scale_to(-args.start_delay, int(arg))
     else:
-        config = bench.variant_config(arg, args)
+        config = variant_config(arg, args)
         for key, value in json.loads(args.override).items():
             setattr(config, key, value)
         planner = Planner(config, profile)
@@ -179,9 +182,10 @@ def run(kind: str, arg: str, plan, args, profile: PerfProfile) -> dict:
         interval = config.adjustment_interval
     requests = []
     for a in plan:
-        req = Request(a.at, a.isl, a.osl, a.isl, a.isl, a.osl - 1, bench.Record(a.at))
+        req = Request(a.at, a.isl, a.osl, a.isl, a.isl, a.osl - 1, Record(a.at))
         requests.append(req)
     next_tick = interval if planner else math.inf
+    last_snapshot = None
     i, now, decisions = 0, 0.0, []
     while True:
         busy = [w for w in fleet.workers if w.step_end is not None]
@@ -206,18 +210,15 @@ def run(kind: str, arg: str, plan, args, profile: PerfProfile) -> dict:
             fleet.route(now, requests[i])
             i += 1
         else:
-            finished = fleet.finished
+            snapshot = parse_metrics(fleet.metrics.render().decode())
+            seen = traffic(snapshot, last_snapshot)
+            last_snapshot = snapshot
             role = RoleObservation(
                 pool="sim", workers=len(fleet.live()),
                 ready=sum(1 for w in fleet.live() if w.ready_at <= now),
-                requests=len(fleet.first_tokens),
-                isl=sum(r.isl for r in finished) / len(finished) if finished else 0.0,
-                osl=sum(r.osl for r in finished) / len(finished) if finished else 0.0,
-                isl_p90=pct([r.isl for r in finished], 90) or 0.0,
-                ttft_p90_ms=None if not fleet.first_tokens else pct(fleet.first_tokens, 90) * 1000,
-                itl_p90_ms=None if not fleet.gaps else pct(fleet.gaps, 90) * 1000,
+                requests=seen.requests, isl=seen.isl, osl=seen.osl, isl_p90=seen.isl_p90,
+                ttft_p90_ms=seen.ttft_p90_ms, itl_p90_ms=seen.itl_p90_ms,
             )  # fmt: skip
-            fleet.finished, fleet.first_tokens, fleet.gaps = [], [], []
             (d,) = planner.tick(Observation(time=now, interval=interval, roles=[role]))
             decisions.append((now, d.current, d.desired, d.reason, d.correction, d.itl_correction))
             if d.changed:
@@ -228,15 +229,14 @@ def run(kind: str, arg: str, plan, args, profile: PerfProfile) -> dict:
     records = [r.record for r in requests]
     # Gap times are absolute; planner.py's records hold them relative to the replay start,
     # which is 0 here too.
-    windows = bench.intervals(records, args)
-    scored = [w for w in windows if w["requests"]]
-    met = sum(w["ok"] for w in scored) / max(1, len(scored))
+    windows = intervals(records, args)
+    met, scored = share_met(windows)
     ws = sum(
         max(0.0, min(w.stopped if w.stopped is not None else t_end, t_end) - max(w.started, 0.0))
         for w in fleet.workers
     ) * args.time_scale  # fmt: skip
     return {
-        "run": f"{kind}:{arg}", "intervals_met": met, "intervals": len(scored),
+        "run": f"{kind}:{arg}", "intervals_met": met, "intervals": scored,
         "worker_seconds": ws,
         "decisions": decisions, "windows": windows,
     }  # fmt: skip
@@ -244,25 +244,11 @@ def run(kind: str, arg: str, plan, args, profile: PerfProfile) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default="/work/shared/data/mooncake/conversation_trace.jsonl")
-    parser.add_argument("--trace-start", type=float, default=600.0)
-    parser.add_argument("--half", type=float, default=180.0)
-    parser.add_argument("--sample", type=float, default=0.25)
+    add_arguments(parser, runs="planner:E,F static:3,4,5,6")
     parser.add_argument(
         "--seeds", type=int, default=1, help="samples of the trace (seed 0 = bench's)"
     )
-    parser.add_argument("--slowdown", type=float, default=4.0)
-    parser.add_argument("--time-scale", type=float, default=2.0)
-    parser.add_argument("--max-input-tokens", type=int, default=32768)
-    parser.add_argument("--ttft-target", type=float, default=4000.0)
-    parser.add_argument("--itl-target", type=float, default=60.0)
-    parser.add_argument("--interval", type=float, default=15.0)
-    parser.add_argument("--planner-interval", type=float, default=10.0)
-    parser.add_argument("--cooldown", type=float, default=60.0)
-    parser.add_argument("--max-workers", type=int, default=8)
     parser.add_argument("--start-delay", type=float, default=3.0, help="wall s to ready")
-    parser.add_argument("--runs", default="planner:C,D static:3,4,5,6")
-    parser.add_argument("--profile", default="/tmp/stator-planner-bench-profile.json")
     parser.add_argument("--out", default="/tmp/stator-planner-sim.json")
     parser.add_argument(
         "--override",
@@ -270,50 +256,20 @@ def main() -> None:
         help='planner settings over the variants\', e.g. {"sla_headroom": 1}',
     )
     args = parser.parse_args()
-    profile = PerfProfile.load(args.profile)
+    profile = PerfProfile.load(profile_path(args))
     results = []
     for seed in range(args.seeds):
-        plan = sim_arrivals(args, seed)
-        for group in args.runs.split():
-            kind, _, names = group.partition(":")
-            for name in names.split(","):
-                r = run(kind, name, plan, args, profile)
-                r["seed"] = seed
-                results.append(r)
-                print(
-                    f"seed {seed} {r['run']:<11} met {r['intervals_met'] * 100:5.1f}% of "
-                    f"{r['intervals']}, {r['worker_seconds']:6.0f} worker-s",
-                    flush=True,
-                )
+        plan = list(trace_requests(args, seed))
+        for kind, name in runs(args.runs):
+            r = run(kind, name, plan, args, profile)
+            r["seed"] = seed
+            results.append(r)
+            print(
+                f"seed {seed} {r['run']:<11} met {r['intervals_met'] * 100:5.1f}% of "
+                f"{r['intervals']}, {r['worker_seconds']:6.0f} worker-s",
+                flush=True,
+            )
     Path(args.out).write_text(json.dumps(results, indent=1))
-
-
-@dataclass
-class SimArrival:
-    at: float
-    isl: float
-    osl: int
-
-
-def sim_arrivals(args, seed: int) -> list[SimArrival]:
-    """planner.py's arrivals (seed 0 samples the same requests) without the token ids."""
-    a, h = args.trace_start, args.half
-    rng = random.Random(seed)
-    out = []
-    with open(args.trace) as f:
-        for line in f:
-            row = json.loads(line)
-            t = row["timestamp"] / 1000
-            if t < a:
-                continue
-            if t >= a + 3 * h:
-                break
-            if args.sample < 1 and rng.random() >= args.sample:
-                continue
-            sim = t - a if t < a + h else h + (t - a - h) / 2
-            isl = max(1, min(row["input_length"], args.max_input_tokens))
-            out.append(SimArrival(sim / args.time_scale, isl, max(1, row["output_length"])))
-    return out
 
 
 if __name__ == "__main__":

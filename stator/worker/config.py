@@ -6,13 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stator.config import option
-from stator.kv.transfer.config import COPIES
+from stator.kv.transfer.config import COPIES, KINDS
 from stator.runtime.names import PREFILL_COMPONENT, EndpointName
 
 DEFAULT_COMPONENT = "backend"
 DEFAULT_ENDPOINT = "generate"
 ROLES = ["aggregated", "prefill", "decode"]
-KV_TRANSFERS = ["auto", "local", "ipc", "tcp"]
 
 
 @dataclass
@@ -41,8 +40,9 @@ class WorkerConfig:
     kv_transfer: str = option(
         "auto",
         "How KV moves between prefill and decode workers: auto (CUDA IPC between GPU "
-        "processes of one host, else TCP), local (one process), ipc, tcp",
-        choices=KV_TRANSFERS,
+        "processes of one host; NIXL between hosts when the nixl package is installed; "
+        "else TCP), local (one process), ipc, nixl, tcp",
+        choices=list(KINDS),
     )
     kv_transfer_copy: str = option(
         "auto",

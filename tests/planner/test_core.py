@@ -205,7 +205,8 @@ def test_the_mix_is_a_long_request_weighted_mean_and_one_odd_interval_barely_mov
 
 
 def test_corrections_are_medians_that_ignore_an_overloaded_interval():
-    c = config(correction=True, mix_window=12)
+    # An ITL target the modelled 13 ms is near: the ratio is learned there (see below).
+    c = config(correction=True, mix_window=12, itl_target=16)
     planner = Planner(c, profile())
     rate = sizing.aggregated(profile(), 1, 1000, 100, 400, 40).per_worker_rps * 0.5
     state = sizing.aggregated_state(profile(), rate, 1000, 100)
@@ -230,3 +231,31 @@ def test_corrections_are_medians_that_ignore_an_overloaded_interval():
     tick(5, 10_000, requests=int(rate * 10 * 40))
     tick(6, 10_000, requests=int(rate * 10 * 40))
     assert role.itl_ratios == ratios
+
+
+def test_the_itl_ratio_is_learned_near_the_target_not_at_a_light_load():
+    # A worker's capacity here is where the p90 gap reaches 22 ms: near the 25 ms target.
+    c = config(correction=True, ttft_target=2000, itl_target=25, sla_headroom=0.9)
+    planner = Planner(c, profile())
+    cap = sizing.aggregated(profile(), 1, 1000, 100, 2000, 25).per_worker_rps
+
+    def tick(t: int, load: float, ratio: float):
+        state = sizing.aggregated_state(profile(), cap * load, 1000, 100)
+        itl = state.itl_p90_s * 1000 * ratio
+        return planner.tick(obs(t * 10, int(cap * load * 10), workers=1, itl_p90_ms=itl))[0]
+
+    # A light load, gaps 1.4x the model's but far within the target: a burstier light
+    # load, not slower workers; learned, it would size the busy hours for 1.4x.
+    for t in range(6):
+        d = tick(t, 0.3, 1.4)
+    assert d.itl_correction == 1 and planner.roles["p", "aggregated"].itl_ratios == []
+    # Near the target (the model's p90 gap over 70% of it) the ratio is what sizing needs.
+    for t in range(6, 11):
+        d = tick(t, 0.9, 1.1)
+    assert d.itl_correction == pytest.approx(1.1, rel=0.03)
+    # A light load that misses the target is learned whatever the model says.
+    planner = Planner(c, profile())
+    light = sizing.aggregated_state(profile(), cap * 0.3, 1000, 100).itl_p90_s * 1000
+    for t in range(6):
+        d = tick(t, 0.3, 26 / light)
+    assert d.itl_correction == pytest.approx(26 / light, rel=0.03)

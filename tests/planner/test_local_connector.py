@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -85,3 +86,23 @@ async def test_scale_up_assigns_gpus_and_scale_down_drains_without_failing_a_req
     finally:
         await connector.close(grace=30)
         fleet.close()
+
+
+async def test_a_worker_is_charged_until_its_process_exits_not_until_the_next_look(tmp_path):
+    # A worker that exits at once (a flag it does not know): the connector is next asked
+    # two seconds later, and the worker's life still ends when its process did.
+    connector = LocalConnector({("p", "aggregated"): ["--no-such-flag"]}, env=repo_env())
+    await connector.scale("p", "aggregated", 1)
+    (worker,) = connector.workers
+    deadline = asyncio.get_running_loop().time() + 60
+    while worker.proc.poll() is None:
+        assert asyncio.get_running_loop().time() < deadline, "the worker never exited"
+        await asyncio.sleep(0.05)
+    seen_exit = time.monotonic()
+    await asyncio.sleep(2.0)
+    looked = time.monotonic()
+    assert await connector.current("p", "aggregated") == 0
+    assert worker.stopped is not None and worker.stopped <= seen_exit + 0.5 < looked
+    assert connector.worker_seconds(looked) < looked - worker.started - 1.0
+    await connector.close()
+    assert not connector._exit_watches

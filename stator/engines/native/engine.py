@@ -62,6 +62,7 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
         self._sleep_level: int | None = None
         self._sleep_lock = asyncio.Lock()
         self.agent: KvTransferAgent | None = None
+        self.rank_agents: list[dict] = []  # tensor parallelism: ranks 1..N-1's agents
         self.transfers = TransferStats()
         self._side_tasks: set[asyncio.Task] = set()
         # One lock per adapter name: concurrent loads of one name are serialized.

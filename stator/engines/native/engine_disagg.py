@@ -7,6 +7,7 @@ import contextlib
 import logging
 
 from stator.engines.base import EngineDead, EngineError
+from stator.engines.native import rank_transfer
 from stator.engines.native.engine_core import EngineCore
 from stator.engines.native.kv_handoff import ImportPlan
 from stator.kv.transfer.agent import KvTransferAgent
@@ -16,19 +17,25 @@ log = logging.getLogger("stator.engines.native.engine")
 
 
 class DisaggServing:
+    rank_agents: list[dict]
+
     async def _start_transfer(self, core: EngineCore) -> None:
         pool = getattr(core.runner, "kv_pool", None)
-        if pool is None or self.config.tensor_parallel_size > 1:
-            raise EngineError(
-                f"--role {self.role} needs the KV cache in one pool (tensor-parallel size 1)"
-            )
+        if pool is None:
+            raise EngineError(f"--role {self.role} needs the KV cache in one pool")
         core.exports.timeout = self.kv_transfer.timeout
         self.agent = KvTransferAgent(
             self.kv_transfer, pool, pins=core.pinned, release=self.release_kv
         )
+        size = self.config.tensor_parallel_size
+        if size > 1:  # one agent per rank, each on its own heads' pool (rank_transfer.py)
+            store = core.runner.group.store
+            self.rank_agents = await rank_transfer.start_rank_agents(store, size, self.kv_transfer)
         if self.role == "prefill":
             await self.agent.serve()
             core.transfer_info = self.agent.describe()
+            if self.rank_agents:
+                core.transfer_info["ranks"] = self.rank_agents
 
     # -- disaggregated serving -----------------------------------------------------------
 
@@ -40,9 +47,11 @@ class DisaggServing:
         ok = False
         try:
             if plan.remote:
-                result = await self.agent.pull(
-                    disagg.transfer, disagg.prefill_request_id, plan.remote, plan.local
-                )
+                args = (disagg.transfer, disagg.prefill_request_id, plan.remote, plan.local)
+                if self.rank_agents:
+                    result = await rank_transfer.pull_all_ranks(self.agent, self.rank_agents, *args)
+                else:
+                    result = await self.agent.pull(*args)
                 self.transfers.record(result)
                 log.debug(
                     "request %s: pulled %d blocks (%d cached here) by %s in %.2f ms",

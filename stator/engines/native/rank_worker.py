@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from stator.engines.native import parallel
+from stator.engines.native import parallel, rank_transfer
 from stator.engines.native.config import ModelSpec, NativeConfig
 from stator.engines.native.sharding import shard_spec
 from stator.engines.native.tp_runner import ShardedModelRunner, rank_device
@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
     parallel.init(rank, args["size"], args["port"], device, None)
     spec = shard_spec(ModelSpec.from_dir(args["model_dir"]), rank, args["size"])
     runner = ShardedModelRunner(spec, config, args["model_dir"], args["max_model_len"])
+    if runner.kv_pool is not None:  # prefill / decode roles: a KV transfer agent when asked
+        rank_transfer.serve_when_asked(rank, args["size"], args["port"], runner.kv_pool)
     runner.serve()
     parallel.destroy()
     log.info("stopped")

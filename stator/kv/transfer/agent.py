@@ -12,11 +12,15 @@ forces one:
 - `ipc`: same host and both pools on CUDA: the prefill pool is opened through CUDA IPC
   once (mapped in this GPU's context for the `pull` copy, the default, else on the GPU
   that holds it), then blocks are copied GPU to GPU (`copy.copy_blocks`);
-- `tcp`: anything else: the bytes come over the socket in chunks, straight into the pool.
+- `nixl` (`nixl.py`): other hosts, when both sides have the `nixl` package: the decode
+  side's NIXL agent reads the blocks straight from the prefill pool (RDMA where UCX has it);
+  the prefill side's agent is made, and its pool registered, on the first `nixl` request;
+- `tcp` (`tcp.py`): anything else: the bytes come over the socket in chunks, straight
+  into the pool.
 
-`auto` falls back from ipc to tcp when opening the handle fails. Whatever the transport,
-`acquire`/`read` first check that the blocks are still pinned under the id, so a pull
-never copies blocks the prefill side has since reused.
+`auto` falls back from ipc or nixl to tcp when opening the handle or loading the peer
+fails. Whatever the transport, the pin is checked for every pull (`acquire` or `read`), so
+a pull never keeps blocks the prefill side has since reused.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import time
 import uuid
 import weakref
@@ -35,35 +38,21 @@ from typing import Any
 
 import torch
 
-from stator.kv.block_copy import block_bytes, gather, scatter
-from stator.kv.transfer import ipc, wire
+from stator.kv.transfer import ipc, nixl, tcp, wire
 from stator.kv.transfer.config import TransferConfig
 from stator.kv.transfer.copy import AUTO_GPU_METHOD, copy_blocks
+from stator.kv.transfer.peer import host_id, layout
+from stator.kv.transfer.result import PullResult, TransferError
 
 log = logging.getLogger(__name__)
 
 # Pin id -> the block ids pinned under it (None: nothing pinned).
 PinLookup = Callable[[str], "list[int] | None"]
 Release = Callable[[str], Awaitable[bool]]
-
-# Bytes per chunk on the TCP transport: big enough to amortize the per-chunk work, small
-# enough to overlap reading the socket with scattering the previous chunk.
-TCP_CHUNK_BYTES = 16 << 20
+# An extra operation of the server: the message in, the answer out.
+Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 _agents: weakref.WeakValueDictionary[str, KvTransferAgent] = weakref.WeakValueDictionary()
-
-
-class TransferError(Exception):
-    """The blocks could not be pulled (the caller computes the prompt itself)."""
-
-
-@dataclass
-class PullResult:
-    kind: str
-    bytes: int
-    blocks: int
-    seconds: float  # the whole pull: checks, round trips, copies
-    copy_seconds: float = 0.0  # the bytes moving (device copies, socket reads)
 
 
 @dataclass
@@ -71,20 +60,6 @@ class _Link:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     lock: asyncio.Lock  # one exchange at a time on a connection
-
-
-def host_id() -> str:
-    """Same value in two processes = they share a host (and its GPUs)."""
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()  # noqa: SIM115
-    return f"{socket.gethostname()}/{boot}"
-
-
-def layout(pool: torch.Tensor) -> list[Any]:
-    """What must match between two pools for their blocks to be interchangeable."""
-    layers, two, _, *rest = pool.shape
-    return [layers, two, *rest, str(pool.dtype)]
 
 
 class KvTransferAgent:
@@ -109,15 +84,18 @@ class KvTransferAgent:
         self._links: dict[str, _Link] = {}  # prefill server address -> open connection
         self._clients: set[asyncio.StreamWriter] = set()  # decode agents connected here
         self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
+        self._nixl: nixl.NixlEndpoint | None = None  # made on first use
         self._copy_seconds = 0.0
+        self._phases: dict[str, float] = {}
+        self._copy_done = 0.0
+        self.ops: dict[str, Operation] = {}  # served beside acquire / read / release / nixl
         _agents[self.id] = self
 
     # -- prefill side --------------------------------------------------------------
 
     async def serve(self) -> None:
-        """Start answering decode agents (prefill role)."""
-        if self.pins is None or self.on_release is None:
-            raise ValueError("a serving agent needs pins and release")
+        """Start answering decode agents (prefill role). Without `pins` (a tensor-parallel
+        rank > 0, whose pins rank 0 holds and checks), every block is served unchecked."""
         self.server = await asyncio.start_server(self._handle, self.config.host, 0)
         port = self.server.sockets[0].getsockname()[1]
         self.address = f"{self.config.host}:{port}"
@@ -139,7 +117,14 @@ class KvTransferAgent:
         }
         if self._ipc_handle is not None:
             info["ipc"] = self._ipc_handle
+        if self.config.kind in ("auto", "nixl") and nixl.available():
+            info["nixl"] = nixl.region(self.pool)
         return info
+
+    def _nixl_endpoint(self) -> nixl.NixlEndpoint:
+        if self._nixl is None:
+            self._nixl = nixl.NixlEndpoint(f"stator-{self.id}", self.pool)
+        return self._nixl
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Decode agents keep their connection open between pulls; `close` cuts them (on
@@ -152,10 +137,15 @@ class KvTransferAgent:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 op, pin = message.get("op"), str(message.get("pin"))
+                if op in self.ops:
+                    await wire.send(writer, await self.ops[op](message))
+                    continue
                 if op == "release":
-                    assert self.on_release is not None
-                    released = await self.on_release(pin)
+                    released = self.on_release is not None and await self.on_release(pin)
                     await wire.send(writer, {"ok": True, "released": released})
+                    continue
+                if op == "nixl":  # a decode agent's first NIXL pull from here
+                    await wire.send(writer, await self._nixl_metadata())
                     continue
                 blocks = [int(b) for b in message.get("blocks", [])]
                 problem = self._check(pin, blocks)
@@ -164,7 +154,7 @@ class KvTransferAgent:
                 elif op == "acquire":
                     await wire.send(writer, {"ok": True})
                 elif op == "read":
-                    await self._send_blocks(writer, blocks)
+                    await tcp.send_blocks(self.pool, writer, blocks)
                 else:
                     await wire.send(writer, {"ok": False, "error": f"unknown op {op!r}"})
         except Exception:
@@ -176,7 +166,8 @@ class KvTransferAgent:
                 await writer.wait_closed()
 
     def _check(self, pin: str, blocks: list[int]) -> str | None:
-        assert self.pins is not None
+        if self.pins is None:
+            return None
         pinned = self.pins(pin)
         if pinned is None:
             return f"nothing pinned under {pin!r} (released or expired)"
@@ -184,21 +175,15 @@ class KvTransferAgent:
             return f"blocks not pinned under {pin!r}"
         return None
 
-    async def _send_blocks(self, writer: asyncio.StreamWriter, blocks: list[int]) -> None:
-        per_chunk = max(1, TCP_CHUNK_BYTES // block_bytes(self.pool))
-        chunks = [blocks[i : i + per_chunk] for i in range(0, len(blocks), per_chunk)]
-        size = block_bytes(self.pool)
-        await wire.send(writer, {"ok": True, "chunks": [len(c) * size for c in chunks]})
-        for ids in chunks:
-            data = await asyncio.to_thread(self._host_bytes, ids)
-            writer.write(data)
-            await writer.drain()
-
-    def _host_bytes(self, ids: list[int]) -> memoryview:
-        data = gather(self.pool, ids).contiguous()
-        if data.is_cuda:
-            data = data.cpu()
-        return memoryview(data.view(torch.uint8).numpy()).cast("B")
+    async def _nixl_metadata(self) -> dict[str, Any]:
+        if self.config.kind not in ("auto", "nixl") or not nixl.available():
+            return {"ok": False, "error": "this prefill worker does not serve NIXL"}
+        try:
+            metadata = await asyncio.to_thread(self._nixl_endpoint().metadata)
+        except Exception as exc:
+            log.warning("NIXL agent not available (%s)", exc)
+            return {"ok": False, "error": f"NIXL: {type(exc).__name__}: {exc}"}
+        return {"ok": True, "metadata": metadata}
 
     # -- decode side ---------------------------------------------------------------
 
@@ -211,6 +196,8 @@ class KvTransferAgent:
         same_host = transfer.get("host") == host_id()
         if same_host and "ipc" in transfer and self.pool.is_cuda:
             return "ipc"
+        if not same_host and "nixl" in transfer and nixl.available():
+            return "nixl"
         return "tcp"
 
     async def pull(
@@ -224,18 +211,20 @@ class KvTransferAgent:
         kind = self.choose(transfer)
         started = time.perf_counter()
         self._copy_seconds = 0.0
+        self._phases = {}
         try:
             if kind == "local":
                 moved = await self._pull_local(transfer, pin, remote, local)
-            elif kind == "ipc":
+            elif kind in ("ipc", "nixl"):
+                pull = self._pull_ipc if kind == "ipc" else self._pull_nixl
                 try:
-                    moved = await self._pull_ipc(transfer, pin, remote, local)
+                    moved = await pull(transfer, pin, remote, local)
                 except TransferError:
                     raise
                 except Exception as exc:
                     if self.config.kind != "auto":
-                        raise
-                    log.warning("CUDA IPC pull failed (%s); falling back to TCP", exc)
+                        raise TransferError(f"{kind} pull failed: {exc}") from exc
+                    log.warning("%s pull failed (%s); falling back to TCP", kind, exc)
                     kind = "tcp"
                     moved = await self._pull_tcp(transfer, pin, remote, local)
             elif kind == "tcp":
@@ -244,10 +233,13 @@ class KvTransferAgent:
                 raise TransferError(f"unknown KV transfer kind {kind!r}")
         except TransferError:
             raise
+        except tcp.TcpRefused as exc:
+            raise TransferError(str(exc)) from exc
         except (OSError, asyncio.IncompleteReadError, ConnectionError) as exc:
             raise TransferError(f"{kind} pull failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - started
-        return PullResult(kind, moved, len(remote), seconds, self._copy_seconds or seconds)
+        copy = self._copy_seconds or seconds
+        return PullResult(kind, moved, len(remote), seconds, copy, self._phases)
 
     async def _pull_local(self, transfer, pin, remote, local) -> int:
         source = _agents.get(transfer.get("agent", ""))
@@ -272,55 +264,77 @@ class KvTransferAgent:
         check = asyncio.ensure_future(
             self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
         )
+        called = time.perf_counter()
         try:
-            moved = await asyncio.to_thread(self._copy_from, src, remote, local)
+            moved = await asyncio.to_thread(self._copy_from, src, remote, local, called)
         finally:
+            returned = time.perf_counter()
             await asyncio.wait({check})
+            self._phases["hop_back"] = returned - self._copy_done
+            self._phases["check_wait"] = time.perf_counter() - returned
         check.result()  # raises TransferError when they were not pinned: data discarded
         return moved
 
-    def _copy_from(self, src: torch.Tensor, remote: list[int], local: list[int]) -> int:
+    def _copy_from(
+        self, src: torch.Tensor, remote: list[int], local: list[int], called: float = 0.0
+    ) -> int:
         started = time.perf_counter()
+        if called:
+            self._phases["hop"] = started - called
         if self._stream is None:
             moved = copy_blocks(src, self.pool, remote, local, self.config.copy)
         else:
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
             with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
+                begin.record()
                 moved = copy_blocks(src, self.pool, remote, local, self.config.copy)
+                end.record()
+            self._phases["launch"] = time.perf_counter() - started
             self._stream.synchronize()
-        self._copy_seconds += time.perf_counter() - started
+            self._phases["device"] = begin.elapsed_time(end) / 1e3
+        self._copy_done = time.perf_counter()
+        self._copy_seconds += self._copy_done - started
+        return moved
+
+    async def _pull_nixl(self, transfer, pin, remote, local) -> int:
+        peer, info = str(transfer["agent"]), transfer["nixl"]
+        endpoint = self._nixl_endpoint()
+        if not endpoint.has_peer(peer):
+            try:
+                answer = await self._request(transfer, {"op": "nixl", "pin": pin})
+            except TransferError as exc:  # its NIXL agent failed: not a pin problem
+                raise nixl.NixlError(str(exc)) from exc
+            await asyncio.to_thread(endpoint.add_peer, peer, answer["metadata"], info)
+        # As for IPC: the pin check runs while the bytes move; "not pinned" discards them.
+        check = asyncio.ensure_future(
+            self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
+        )
+        started = time.perf_counter()
+        try:
+            try:
+                moved = await asyncio.to_thread(
+                    endpoint.read, peer, int(info["blocks"]), remote, local, self.config.timeout
+                )
+            finally:
+                await asyncio.wait({check})
+            self._copy_seconds += time.perf_counter() - started
+            check.result()
+        except TransferError:  # not pinned: the peer is fine
+            raise
+        except BaseException:
+            if check.done() and not check.cancelled():
+                check.exception()  # retrieved: the read's own error is the one raised
+            endpoint.drop_peer(peer)  # dead or restarted: loaded afresh next time
+            raise
         return moved
 
     async def _pull_tcp(self, transfer, pin, remote, local) -> int:
-        host, _, port = str(transfer.get("address")).rpartition(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            await wire.send(writer, {"op": "read", "pin": pin, "blocks": remote})
-            header = await wire.receive(reader)
-            if not header.get("ok"):
-                raise TransferError(str(header.get("error")))
-            size = block_bytes(self.pool)
-            shape = (-1, *self.pool.movedim(2, 0).shape[1:])
-            done = 0
-            for nbytes in header["chunks"]:
-                data = await reader.readexactly(int(nbytes))
-                n = int(nbytes) // size
-                rows = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                rows = rows.view(self.pool.dtype).view(shape)
-                await asyncio.to_thread(self._scatter, local[done : done + n], rows)
-                done += n
-            return done * size
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    def _scatter(self, local: list[int], rows: torch.Tensor) -> None:
-        if self._stream is None:
-            scatter(self.pool, local, rows)
-            return
-        with torch.cuda.device(self.pool.device), torch.cuda.stream(self._stream):
-            scatter(self.pool, local, rows.pin_memory())
-        self._stream.synchronize()
+        started = time.perf_counter()
+        address = str(transfer.get("address"))
+        moved = await tcp.pull(self.pool, self._stream, address, pin, remote, local)
+        self._copy_seconds += time.perf_counter() - started
+        return moved
 
     async def release(self, transfer: dict[str, Any], pin: str) -> None:
         """Tell the prefill side it may unpin (best effort: its timeout is the backstop)."""
@@ -384,4 +398,7 @@ class KvTransferAgent:
             link.writer.close()
         self._links.clear()
         self._opened.clear()
+        if self._nixl is not None:
+            self._nixl.close()
+            self._nixl = None
         _agents.pop(self.id, None)

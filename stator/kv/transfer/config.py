@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# NIXL (RDMA across hosts) is not among them yet: docs/disagg.md, "Not done".
-KINDS = ("auto", "local", "ipc", "tcp")
+KINDS = ("auto", "local", "ipc", "nixl", "tcp")
 # How blocks are copied between two pools one process addresses (`copy.METHODS`).
 COPIES = ("auto", "push", "pull", "runs")
 
 
 @dataclass
 class TransferConfig:
-    # auto: same process -> local, same host and both pools on CUDA -> ipc, else tcp.
+    # auto: same process -> local, same host and both pools on CUDA -> ipc, other hosts
+    # with the nixl package on both -> nixl, else tcp.
     kind: str = "auto"
     # local / ipc transports: `copy.copy_blocks`' method.
     copy: str = "auto"

@@ -18,6 +18,7 @@ class TransferStats:
     fallbacks: int = 0
     last_gbps: float = 0.0
     by_kind: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)  # PullResult.phases, summed
 
     def record(self, result: Any) -> None:
         self.transfers += 1
@@ -26,6 +27,8 @@ class TransferStats:
         self.seconds += result.seconds
         self.copy_seconds += result.copy_seconds
         self.by_kind[result.kind] = self.by_kind.get(result.kind, 0) + 1
+        for name, seconds in result.phases.items():
+            self.phases[name] = self.phases.get(name, 0.0) + seconds
         if result.seconds > 0:
             self.last_gbps = result.bytes / result.seconds / 1e9
 
@@ -41,4 +44,6 @@ class TransferStats:
         }
         for kind, count in self.by_kind.items():
             out[f"kv_transfers_{kind}_total"] = count
+        for name, seconds in self.phases.items():
+            out[f"kv_transfer_{name}_seconds_total"] = seconds
         return out

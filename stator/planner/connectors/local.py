@@ -7,7 +7,10 @@ SIGTERM to the newest workers: a stator worker then leaves discovery, finishes i
 in-flight requests (up to its `--graceful-shutdown-timeout`) and exits, so no request
 fails. Processes that exit on their own are noticed and replaced at the next `scale`.
 
-`worker_seconds()` is the fleet's cost: the time each worker process lived, summed.
+`worker_seconds()` is the fleet's cost: the time each worker process lived, summed. A
+worker's life ends when its process exits (watched through a pidfd where Linux has one),
+not when the connector next looks: a drained worker used to be charged until the
+planner's next tick, up to an interval more than it lived.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class WorkerProcess:
     started: float
     stopped: float | None = None
     draining: bool = False
+    exited: float | None = None  # when the process exited, if watched
 
     @property
     def alive(self) -> bool:
@@ -64,6 +68,7 @@ class LocalConnector:
     python: str = sys.executable
     workers: list[WorkerProcess] = field(default_factory=list)
     _clock_start: float = field(default_factory=time.monotonic)
+    _exit_watches: dict[int, tuple[asyncio.AbstractEventLoop, int]] = field(default_factory=dict)
 
     def _live(self, pool: str, role: str) -> list[WorkerProcess]:
         return [
@@ -107,8 +112,34 @@ class LocalConnector:
             out.close()  # the child holds its own copy
         worker = WorkerProcess(pool, role, proc, gpus, time.monotonic())
         self.workers.append(worker)
+        self._watch_exit(worker)
         log.info("started %s worker of pool %s (pid %d, gpus %s)", role, pool, proc.pid, gpus)
         return worker
+
+    def _watch_exit(self, worker: WorkerProcess) -> None:
+        """Stamp `worker.exited` the moment its process exits: a pidfd turns readable then.
+        Without a pidfd (not Linux, or no running loop) the exit is stamped when `_reap`
+        first sees it."""
+        try:
+            loop = asyncio.get_running_loop()
+            fd = os.pidfd_open(worker.proc.pid)
+        except (AttributeError, OSError, RuntimeError):
+            return
+
+        def exited() -> None:
+            worker.exited = time.monotonic()
+            self._unwatch(worker.proc.pid)
+
+        self._exit_watches[worker.proc.pid] = (loop, fd)
+        loop.add_reader(fd, exited)
+
+    def _unwatch(self, pid: int) -> None:
+        watch = self._exit_watches.pop(pid, None)
+        if watch is not None:
+            loop, fd = watch
+            if not loop.is_closed():
+                loop.remove_reader(fd)
+            os.close(fd)
 
     def _drain(self, worker: WorkerProcess) -> None:
         worker.draining = True
@@ -122,7 +153,7 @@ class LocalConnector:
         now = time.monotonic()
         for w in self.workers:
             if w.stopped is None and not w.alive:
-                w.stopped = now
+                w.stopped = w.exited if w.exited is not None else now
                 if not w.draining:
                     log.warning(
                         "%s worker of pool %s (pid %d) exited with %s",
@@ -157,3 +188,5 @@ class LocalConnector:
                 w.proc.kill()
                 w.proc.wait()
         self._reap()
+        for pid in list(self._exit_watches):
+            self._unwatch(pid)

@@ -1,5 +1,5 @@
 """Native engines in the prefill and decode roles, in one process: the decode engine pulls
-the prompt's KV (local and TCP transports) and continues exactly as one engine would."""
+the prompt's KV (local, TCP and NIXL transports) and continues exactly as one engine would."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from stator.router.disagg_requests import (
     prefill_request,
 )
 from tests.engines.native.models import prompt
+from tests.kv.transfer.nixl_required import needs_nixl
 
 TIMEOUT = 60
+NIXL = pytest.param("nixl", marks=needs_nixl)
 
 
 async def make(model_dir, role: str, kind: str = "auto", timeout: float = 30.0, **config):
@@ -88,7 +90,7 @@ def used(eng) -> int:
     return eng.core.blocks.num_used_blocks
 
 
-@pytest.mark.parametrize("kind", ["local", "tcp"])
+@pytest.mark.parametrize("kind", ["local", "tcp", NIXL])
 async def test_disaggregated_output_is_the_aggregated_output(engines, kind):
     agg = await engines("aggregated")
     prefill = await engines("prefill", kind)
@@ -134,10 +136,11 @@ async def test_unpulled_pins_expire_and_release_frees_at_once(engines):
     assert used(prefill) == 0 and await prefill.release_kv("y") is False
 
 
-async def test_a_failed_pull_computes_the_prompt_on_the_decode_side(engines):
+@pytest.mark.parametrize("kind", ["tcp", NIXL])
+async def test_a_failed_pull_computes_the_prompt_on_the_decode_side(engines, kind):
     agg = await engines("aggregated")
-    prefill = await engines("prefill", "tcp")
-    decode = await engines("decode", "tcp")
+    prefill = await engines("prefill", kind)
+    decode = await engines("decode", kind)
     req = request("r", prompt(4, 50), 6)
     expected = await collect(agg, req)
     pre = await collect(prefill, prefill_request(req))
@@ -150,9 +153,10 @@ async def test_a_failed_pull_computes_the_prompt_on_the_decode_side(engines):
     assert decode.transfers.fallbacks == 1 and used(decode) == 0
 
 
-async def test_an_abort_during_the_pull_frees_blocks_when_it_ends(engines):
-    prefill = await engines("prefill", "tcp")
-    decode = await engines("decode", "tcp")
+@pytest.mark.parametrize("kind", ["tcp", NIXL])
+async def test_an_abort_during_the_pull_frees_blocks_when_it_ends(engines, kind):
+    prefill = await engines("prefill", kind)
+    decode = await engines("decode", kind)
     req = request("r", prompt(5, 60), 50)
     final = (await collect(prefill, prefill_request(req)))[-1]
     stream = decode.generate(decode_request(req, final, final.disagg))

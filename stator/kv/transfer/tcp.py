@@ -1,0 +1,86 @@
+"""The TCP transport: the prefill side's server sends the pinned blocks' bytes over the
+socket in chunks, block-major; the decode side scatters each chunk straight into its pool
+(no per-block Python objects). For any two processes, CPU or GPU, across hosts without
+RDMA (or without NIXL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import torch
+
+from stator.kv.block_copy import block_bytes, gather, scatter
+from stator.kv.transfer import wire
+
+# Bytes per chunk: big enough to amortize the per-chunk work, small enough to overlap
+# reading the socket with scattering the previous chunk.
+TCP_CHUNK_BYTES = 16 << 20
+
+
+class TcpRefused(Exception):
+    """The prefill side refused the read (its message says why)."""
+
+
+async def send_blocks(pool: torch.Tensor, writer: asyncio.StreamWriter, blocks: list[int]) -> None:
+    """Prefill side: the header (bytes per chunk), then the chunks."""
+    size = block_bytes(pool)
+    per_chunk = max(1, TCP_CHUNK_BYTES // size)
+    chunks = [blocks[i : i + per_chunk] for i in range(0, len(blocks), per_chunk)]
+    await wire.send(writer, {"ok": True, "chunks": [len(c) * size for c in chunks]})
+    for ids in chunks:
+        data = await asyncio.to_thread(_host_bytes, pool, ids)
+        writer.write(data)
+        await writer.drain()
+
+
+def _host_bytes(pool: torch.Tensor, ids: list[int]) -> memoryview:
+    data = gather(pool, ids).contiguous()
+    if data.is_cuda:
+        data = data.cpu()
+    return memoryview(data.view(torch.uint8).numpy()).cast("B")
+
+
+async def pull(
+    pool: torch.Tensor,
+    stream: torch.cuda.Stream | None,
+    address: str,
+    pin: str,
+    remote: list[int],
+    local: list[int],
+) -> int:
+    """Decode side: read blocks `remote` from the server at `address` into `local`; returns
+    the bytes moved. Raises TcpRefused, OSError, asyncio.IncompleteReadError."""
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        await wire.send(writer, {"op": "read", "pin": pin, "blocks": remote})
+        header = await wire.receive(reader)
+        if not header.get("ok"):
+            raise TcpRefused(str(header.get("error")))
+        size = block_bytes(pool)
+        shape = (-1, *pool.movedim(2, 0).shape[1:])
+        done = 0
+        for nbytes in header["chunks"]:
+            data = await reader.readexactly(int(nbytes))
+            n = int(nbytes) // size
+            rows = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            rows = rows.view(pool.dtype).view(shape)
+            await asyncio.to_thread(_scatter, pool, stream, local[done : done + n], rows)
+            done += n
+        return done * size
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+def _scatter(
+    pool: torch.Tensor, stream: torch.cuda.Stream | None, local: list[int], rows: torch.Tensor
+) -> None:
+    if stream is None:
+        scatter(pool, local, rows)
+        return
+    with torch.cuda.device(pool.device), torch.cuda.stream(stream):
+        scatter(pool, local, rows.pin_memory())
+    stream.synchronize()
