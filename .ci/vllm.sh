@@ -5,6 +5,8 @@
 #   .ci/vllm.sh                       # build the venv if missing, run tests/engines/vllm and
 #                                     # tests/frontend/processor (vLLM's processor, parity)
 #   STATOR_VLLM_REBUILD=1 .ci/vllm.sh # rebuild the venv from scratch
+#   .ci/vllm.sh --build-only          # build the venv, run nothing (.ci/run builds it
+#                                     # while the main suite runs)
 #
 # Env: STATOR_VLLM_VENV (default .venv-vllm in the repo), PYTHON (default python3.11).
 # docs/vllm.md says why each install step is there.
@@ -44,6 +46,9 @@ if [ ! -d "$OSS_HARMONY_DIR/openai_harmony" ]; then
 fi
 built=$(date +%s)
 echo "vllm venv ready in $((built - began))s ($VENV)"
+if [ "${1:-}" = --build-only ]; then
+    exit 0
+fi
 
 # vLLM on CPU reserves 90% of RAM for KV unless told; caches stay out of the home dir.
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1

@@ -23,9 +23,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
 from stator.llm import (
     ChatTemplate,
     ChoiceProcessor,
@@ -35,7 +32,7 @@ from stator.llm import (
 )
 from stator.protocols import EngineOutput
 from tests.llm.sentencepiece_style import make_byte_fallback_dir
-from tests.model_factory import CHATML_TEMPLATE, SPECIAL_TOKENS, make_model_dir, training_text
+from tests.model_factory import CHATML_TEMPLATE, make_model_dir, train_tokenizer, training_text
 
 GENERATED = (
     "Here is the plan. First, read the file and parse each line; then build the index.\n"
@@ -48,17 +45,7 @@ SYSTEM = "You are a careful assistant. Answer concisely and cite the code you re
 def big_tokenizer(path: Path, vocab_size: int) -> Path:
     """A model dir like the tests' one, with a larger byte-level BPE vocabulary."""
     make_model_dir(path)
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(training_text(3_000_000), trainer)
+    tok = train_tokenizer(vocab_size, training_text(3_000_000))
     (path / "tokenizer.json").write_text(tok.to_str())
     return path
 

@@ -37,7 +37,8 @@ def training_text(max_chars: int = 400_000) -> list[str]:
     return out
 
 
-def train_tokenizer(vocab_size: int = 2000) -> Tokenizer:
+def train_tokenizer(vocab_size: int = 2000, texts: list[str] | None = None) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on `texts` (default: `training_text()`)."""
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -48,7 +49,7 @@ def train_tokenizer(vocab_size: int = 2000) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(training_text(), trainer)
+    tok.train_from_iterator(training_text() if texts is None else texts, trainer)
     return tok
 
 

@@ -28,6 +28,17 @@ PROMPT = (
 )
 
 
+# A worker is idle when all of these are zero: KV blocks in use, prompts pinned for a decode
+# side to pull, pulls in flight, requests running or waiting.
+IDLE_GAUGES = (
+    "stator_worker_kv_active_blocks",
+    "stator_worker_engine_kv_exports_pinned",
+    "stator_worker_engine_kv_imports_in_flight",
+    "stator_worker_running_requests",
+    "stator_worker_waiting_requests",
+)
+
+
 class DisaggFleet:
     def __init__(self, fleet: Fleet, tmp_path, namespace: str) -> None:
         self.fleet = fleet
@@ -65,12 +76,17 @@ class DisaggFleet:
         m = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
-    def idle(self, proc: StatorProcess) -> bool:
-        return (
-            self.metric(proc, "stator_worker_kv_active_blocks") == 0
-            and self.metric(proc, "stator_worker_engine_kv_exports_pinned") == 0
-            and self.metric(proc, "stator_worker_engine_kv_imports_in_flight") == 0
-        )
+    def busy(self, proc: StatorProcess) -> dict[str, float]:
+        """What a worker still holds: the non-zero ones of its KV gauges and requests."""
+        held = {name: self.metric(proc, name) for name in IDLE_GAUGES}
+        return {name.removeprefix("stator_worker_"): v for name, v in held.items() if v}
+
+    def wait_idle(self, workers: list[StatorProcess], timeout: float) -> None:
+        try:
+            wait_until(lambda: not any(map(self.busy, workers)), timeout, "idle pools", workers)
+        except AssertionError as exc:
+            held = {w.log_path.stem: self.busy(w) for w in workers if w.alive()}
+            raise AssertionError(f"still held after {timeout} s: {held}") from exc
 
 
 @pytest.fixture
@@ -175,7 +191,7 @@ def test_disaggregated_output_equals_aggregated(fleet, tmp_path, transport):
             assert got[2]["completion_tokens"] == expected[2]["completion_tokens"] == 12
     assert remote_count(url) == 4
     assert d.metric(decode, f"stator_worker_engine_kv_transfers_{transport}_total") == 4
-    wait_until(lambda: d.idle(prefill) and d.idle(decode), 30, "idle pools", [prefill, decode])
+    d.wait_idle([prefill, decode], 30)
 
 
 def test_tensor_parallel_prefill_and_decode_workers_give_the_aggregated_output(fleet, tmp_path):
@@ -198,7 +214,7 @@ def test_tensor_parallel_prefill_and_decode_workers_give_the_aggregated_output(f
     assert remote_count(url) == 2
     assert d.metric(decode, f"stator_worker_engine_kv_transfers_{transport}_total") == 2
     assert d.metric(decode, "stator_worker_engine_kv_transfer_fallbacks_total") == 0
-    wait_until(lambda: d.idle(prefill) and d.idle(decode), 30, "idle pools", [prefill, decode])
+    d.wait_idle([prefill, decode], 30)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -225,7 +241,7 @@ def test_kill_9_of_the_prefill_worker_falls_back_and_leaves_pools_idle(fleet, tm
     assert codes == [200] * 24  # served remotely before the kill, locally after it
     wait_until(lambda: prefill_workers(url) == 0, 30, "prefill worker gone", [decode])
     assert ask(url, "completions", False)[2]["completion_tokens"] == 12  # aggregated now
-    wait_until(lambda: d.idle(decode), 30, "an idle decode pool", [decode])
+    d.wait_idle([decode], 30)
 
 
 def test_enforce_disagg_answers_503_without_prefill_workers(fleet, tmp_path):
@@ -267,7 +283,7 @@ def test_a_killed_decode_worker_migrates_its_streams(fleet, tmp_path):
             return results[:-1]
 
     assert asyncio.run(streams()) == [150] * 4
-    wait_until(lambda: d.idle(decodes[1]) and d.idle(prefill), 30, "idle pools", decodes[1:])
+    d.wait_idle([decodes[1], prefill], 30)
 
 
 def test_500_requests_with_random_cancellations_leave_every_pool_idle(fleet, tmp_path):
@@ -309,5 +325,5 @@ def test_500_requests_with_random_cancellations_leave_every_pool_idle(fleet, tmp
     assert completed > 50
     assert remote_count(url) > 0
     workers = [prefill, *decodes]
-    wait_until(lambda: all(d.idle(w) for w in workers), 60, "idle pools", workers)
+    d.wait_idle(workers, 60)
     assert time.monotonic() - started < 300

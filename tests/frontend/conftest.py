@@ -87,3 +87,22 @@ async def aclient(stack):
 def http(stack):
     with httpx.Client(base_url=stack.base_url, timeout=30) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def parser_stack(tmp_path_factory):
+    """The scripted reasoning / tool-call models of parser_stack.py, served."""
+    from tests.frontend.parser_stack import start_parser_stack
+
+    stack, engines = start_parser_stack(tmp_path_factory.mktemp("parsers") / "model")
+    try:
+        yield stack, engines
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def parser_client(parser_stack) -> openai.OpenAI:
+    stack, _ = parser_stack
+    with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0) as c:
+        yield c

@@ -23,27 +23,15 @@ from tests.frontend.parser_stack import (
     TOOLS_LIST,
     TOOLS_TEXT,
     WEATHER_TOOL,
-    start_parser_stack,
 )
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 
-@pytest.fixture(scope="module")
-def parser_stack(tmp_path_factory):
-    stack, engines = start_parser_stack(tmp_path_factory.mktemp("parsers") / "model")
-    try:
-        yield stack, engines
-    finally:
-        stack.stop()
-
-
 @pytest.fixture
-def client(parser_stack):
-    stack, _ = parser_stack
-    with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0) as c:
-        yield c
+def client(parser_client):
+    return parser_client
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from tests.frontend.parser_stack import (
     THINK,
     THINK_TEXT,
     TOOLS,
-    start_parser_stack,
 )
 
 FUNCTIONS = [
@@ -29,20 +28,9 @@ FUNCTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def parser_stack(tmp_path_factory):
-    stack, engines = start_parser_stack(tmp_path_factory.mktemp("responses") / "model")
-    try:
-        yield stack, engines
-    finally:
-        stack.stop()
-
-
 @pytest.fixture
-def client(parser_stack):
-    stack, _ = parser_stack
-    with openai.OpenAI(base_url=stack.base_url + "/v1", api_key="x", max_retries=0) as c:
-        yield c
+def client(parser_client):
+    return parser_client
 
 
 def last_prompt(parser_stack, model: str) -> str:

@@ -22,6 +22,11 @@ CASES = [
         '"arguments": {"city": "Oslo"}}</tool_call>',
         ("\nNeed weather.\n", "\n\nChecking.", [("get_weather", {"city": "Oslo"})]),
     ),
+    (  # a call ends Qwen3's reasoning though the think block was never closed
+        ("qwen3", "hermes"),
+        'Need weather.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
+        ("Need weather.", "", [("get_weather", {"city": "Oslo"})]),
+    ),
     (
         ("deepseek_r1", "deepseek_v3"),
         "Think.</think>Answer.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"

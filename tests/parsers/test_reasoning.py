@@ -15,6 +15,7 @@ from stator.parsers.reasoning import (
 from tests.parsers.chunking import chunkings, every_split_in_two
 
 THINK = ("<think>", "</think>")
+CALL = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
 HARMONY = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
 
 # (parser, options, output, reasoning, content, markers that must never reach content)
@@ -39,6 +40,14 @@ CASES = [
     ("qwen3", {}, "<think>\nplan\n</think>\n\nanswer", "\nplan\n", "\n\nanswer", THINK),
     ("qwen3", {"enable_thinking": True}, "plan</think>answer", "plan", "answer", THINK),
     ("qwen3", {"enable_thinking": False}, "just an answer", "", "just an answer", THINK),
+    # Qwen3 ends reasoning at a tool call, closed or not (as vLLM's Qwen3 parser does);
+    # DeepSeek-R1 does not.
+    ("qwen3", {}, CALL, "", CALL, ("</think>",)),
+    ("qwen3", {}, f"Let me check.{CALL}", "Let me check.", CALL, ("</think>",)),
+    ("qwen3", {}, f"<think>Oslo.{CALL}\nmore", "Oslo.", f"{CALL}\nmore", ("</think>",)),
+    ("qwen3", {}, f"<think>a</think>b{CALL}", "a", f"b{CALL}", THINK),
+    ("qwen3", {}, "<think>a <tool_ca", "a <tool_ca", "", THINK),
+    ("deepseek_r1", {}, f"x{CALL}", f"x{CALL}", "", THINK),
     (
         "qwen3",
         {"chat_template_kwargs": {"enable_thinking": False}},

@@ -17,21 +17,22 @@ from dataclasses import dataclass, field
 import msgspec
 
 from stator.engines.base import Engine, EngineDead, EngineError
+from stator.engines.mocker.admission import admitted_max_tokens
 from stator.engines.mocker.block_manager import BlockManager
 from stator.engines.mocker.config import MockerConfig
-from stator.engines.mocker.output import TokenPlan, mock_logprob
+from stator.engines.mocker.kv_copies import KvCopyTimes
+from stator.engines.mocker.output import TokenPlan
 from stator.engines.mocker.scheduler import Scheduler, Sequence
+from stator.engines.mocker.stream import RequestStream
 from stator.engines.mocker.timing import PolynomialTiming, ProfileTiming, StepShape, StepTimer
 from stator.kv.hashing import block_hashes
 from stator.protocols import (
     DisaggParams,
     EngineOutput,
     EngineRequest,
-    FinishReason,
     KvEvent,
     LoadReport,
     ModelCard,
-    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -45,50 +46,9 @@ MAX_CATCH_UP = 0.005
 
 
 @dataclass(eq=False)
-class _Stream:
-    """A request's outbox between the engine loop and its `generate` iterator."""
+class Rank:
+    """One data-parallel rank: its own KV cache and scheduler, and its step-loop task."""
 
-    seq: Sequence
-    plan: TokenPlan
-    rank: _Rank
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    stop_token_id: int | None = None
-    error: str | None = None
-    produced: int = 0
-    sent_first: bool = False
-    disagg: DisaggParams | None = None
-    # Top alternatives asked for per token (None: no logprobs), and the vocabulary size.
-    logprobs: int | None = None
-    vocab_size: int = 32000
-
-    def take(self) -> EngineOutput:
-        out = EngineOutput(token_ids=self.tokens, finish_reason=self.finish_reason)
-        if self.logprobs is not None and self.tokens:
-            first = self.produced - len(self.tokens)
-            out.logprobs = [
-                mock_logprob(t, first + i, self.logprobs, self.vocab_size)
-                for i, t in enumerate(self.tokens)
-            ]
-        self.tokens = []
-        if not self.sent_first:
-            out.cached_tokens = self.seq.num_cached or 0
-            self.sent_first = True
-        if self.finish_reason is not None:
-            out.stop_token_id = self.stop_token_id
-            out.error = self.error
-            out.disagg = self.disagg
-            out.usage = Usage(
-                prompt_tokens=self.seq.num_prompt,
-                completion_tokens=self.produced,
-                cached_tokens=self.seq.num_cached or 0,
-            )
-        return out
-
-
-@dataclass(eq=False)
-class _Rank:
     index: int
     blocks: BlockManager
     scheduler: Scheduler
@@ -118,10 +78,11 @@ class MockerEngine(Engine):
             decode_speedup_ratio=config.decode_speedup_ratio,
             prefill_only=config.role == "prefill",
         )
+        self.kv_copies = KvCopyTimes(config, kv_bytes_per_token, model)
         self.transferred_tokens = 0
         self.num_transfers = 0
         self.ranks = [
-            _Rank(
+            Rank(
                 i,
                 blocks,
                 Scheduler(
@@ -143,8 +104,8 @@ class MockerEngine(Engine):
         ]
         for rank in self.ranks:
             rank.blocks.enable_tiers(config.host_cache_blocks, config.disk_cache_blocks)
-            rank.scheduler.should_load = self._should_load
-        self._streams: dict[str, _Stream] = {}
+            rank.scheduler.should_load = self.kv_copies.should_load
+        self._streams: dict[str, RequestStream] = {}
         self._events: asyncio.Queue[list[KvEvent]] = asyncio.Queue()
         self._dead: str | None = None
         self.num_requests = 0
@@ -186,79 +147,21 @@ class MockerEngine(Engine):
             raise EngineDead(self._dead)
         if not any(rank.task for rank in self.ranks):
             raise EngineError("the mocker is not started")
-        if request.prompt_embeds is not None:
-            raise EngineError("the mocker does not accept prompt embeddings")
-        if request.sampling.guided_decoding is not None:
-            # Random tokens cannot honour a grammar: refuse rather than pretend (a 400).
-            raise EngineError("the mocker cannot do guided decoding (response_format, guided_*)")
-        if request.lora_name:
-            raise EngineError(
-                f"the mocker serves no LoRA adapters (asked for {request.lora_name!r})"
-            )
-        n = len(request.token_ids)
-        if n == 0:
-            raise EngineError("empty prompt")
         if request.request_id in self._streams:
             raise EngineError(f"request id {request.request_id!r} is already running")
-        context = self.card.context_length
-        if n >= context:
-            raise EngineError(f"prompt has {n} tokens; the context length is {context}")
-        max_tokens = request.stop.max_tokens
-        if max_tokens is None:
-            max_tokens = context - n
-        elif max_tokens < 1:
-            raise EngineError(f"max_tokens must be at least 1, got {max_tokens}")
-        if self.role == "prefill":
-            max_tokens = 1
-        budget = self.config.max_num_batched_tokens
-        if not self.config.enable_chunked_prefill and n + max_tokens > budget:
-            # Without chunking a sequence (and its recompute after preemption) must fit in
-            # one step, or it would wait forever.
-            raise EngineError(
-                f"prompt ({n}) + max_tokens ({max_tokens}) exceeds --max-num-batched-tokens "
-                f"({budget}) and chunked prefill is off"
-            )
-        capacity = self.ranks[0].scheduler.max_tokens_admissible()
-        if n + max_tokens > capacity:
-            raise EngineError(
-                f"prompt ({n}) + max_tokens ({max_tokens}) exceeds the KV cache ({capacity} tokens)"
-            )
-        return max_tokens
+        return admitted_max_tokens(
+            request,
+            self.config,
+            self.card.context_length,
+            self.role,
+            self.ranks[0].scheduler.max_tokens_admissible(),
+        )
 
-    def _pick_rank(self, request: EngineRequest) -> _Rank:
+    def _pick_rank(self, request: EngineRequest) -> Rank:
         wanted = request.routing.dp_rank if request.routing else None
         if wanted is not None and 0 <= wanted < len(self.ranks):
             return self.ranks[wanted]
         return min(self.ranks, key=lambda r: len(r.scheduler.running) + len(r.scheduler.waiting))
-
-    def transfer_seconds(self, num_tokens: int) -> float:
-        """Simulated time to pull `num_tokens` of KV from a prefill worker."""
-        bandwidth = self.config.kv_transfer_bandwidth * 1e9
-        if bandwidth <= 0 or self.config.speedup_ratio <= 0:
-            return 0.0
-        return num_tokens * self.kv_bytes_per_token / bandwidth / self.config.speedup_ratio
-
-    def _should_load(self, host_blocks: int, disk_blocks: int) -> bool:
-        """Load when the copy is faster than the prefill of the same tokens would be."""
-        tokens = (host_blocks + disk_blocks) * self.config.block_size
-        kv_tokens = self.config.num_gpu_blocks * self.config.block_size
-        prefill = self.timer.model.prefill_ms(StepShape(tokens, 0, 0, kv_tokens)) / 1000.0
-        ratio = self.config.speedup_ratio
-        return self.load_seconds(host_blocks, disk_blocks) * (ratio if ratio > 0 else 1) <= prefill
-
-    def load_seconds(self, host_blocks: int, disk_blocks: int) -> float:
-        """Simulated time to copy blocks back from the lower tiers (the step waits)."""
-        if self.config.speedup_ratio <= 0:
-            return 0.0
-        block = self.kv_bytes_per_token * self.config.block_size
-        seconds = 0.0
-        for blocks, gbs in (
-            (host_blocks, self.config.host_load_bandwidth),
-            (disk_blocks, self.config.disk_load_bandwidth),
-        ):
-            if blocks and gbs > 0:
-                seconds += blocks * block / (gbs * 1e9)
-        return seconds / self.config.speedup_ratio
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         max_tokens = self._validate(request)
@@ -274,7 +177,7 @@ class MockerEngine(Engine):
             missing = max(0, num_remote - hits * bs)
             self.transferred_tokens += missing
             self.num_transfers += 1
-            delay = self.transfer_seconds(missing)
+            delay = self.kv_copies.transfer_seconds(missing)
             if delay > 0:
                 await asyncio.sleep(delay)
         seq = Sequence(
@@ -284,7 +187,7 @@ class MockerEngine(Engine):
             num_remote=num_remote,
         )
         plan = TokenPlan(request, self.config.output_mode, self.vocab_size, max_tokens)  # type: ignore[arg-type]
-        stream = _Stream(
+        stream = RequestStream(
             seq, plan, rank, logprobs=request.sampling.logprobs, vocab_size=self.vocab_size
         )
         self._streams[request.request_id] = stream
@@ -317,7 +220,7 @@ class MockerEngine(Engine):
 
     # -- the step loop --------------------------------------------------------------
 
-    async def _run(self, rank: _Rank) -> None:
+    async def _run(self, rank: Rank) -> None:
         try:
             await self._loop(rank)
         except asyncio.CancelledError:
@@ -331,7 +234,7 @@ class MockerEngine(Engine):
                     stream.error = self._dead
                     stream.ready.set()
 
-    async def _loop(self, rank: _Rank) -> None:
+    async def _loop(self, rank: Rank) -> None:
         loop = asyncio.get_running_loop()
         scheduler, blocks, timer = rank.scheduler, rank.blocks, self.timer
         kv_tokens = blocks.num_blocks * blocks.block_size
@@ -358,7 +261,7 @@ class MockerEngine(Engine):
             # burst many steps at once.
             seconds = timer.step_seconds(shape)
             if step.loaded_host or step.loaded_disk:
-                seconds += self.load_seconds(step.loaded_host, step.loaded_disk)
+                seconds += self.kv_copies.load_seconds(step.loaded_host, step.loaded_disk)
             clock = max(clock, now - MAX_CATCH_UP) + seconds
             # Sleep the step; at speedup 0 still yield so streams and arrivals get a turn.
             await asyncio.sleep(clock - now if clock > now else 0)
@@ -366,7 +269,7 @@ class MockerEngine(Engine):
                 self._emit(rank, seq)
             self._publish(rank)
 
-    def _emit(self, rank: _Rank, seq: Sequence) -> None:
+    def _emit(self, rank: Rank, seq: Sequence) -> None:
         stream = self._streams.get(seq.request_id)
         if stream is None or stream.seq is not seq:
             rank.scheduler.abort(seq)
@@ -387,7 +290,7 @@ class MockerEngine(Engine):
                 stream.disagg = self._disagg_params(rank, seq)
         stream.ready.set()
 
-    def _disagg_params(self, rank: _Rank, seq: Sequence) -> DisaggParams:
+    def _disagg_params(self, rank: Rank, seq: Sequence) -> DisaggParams:
         n = seq.num_prompt
         return DisaggParams(
             prefill_worker_id=self.worker_id,
@@ -399,7 +302,7 @@ class MockerEngine(Engine):
             block_size=self.config.block_size,
         )
 
-    def _publish(self, rank: _Rank) -> None:
+    def _publish(self, rank: Rank) -> None:
         events = rank.blocks.drain_events()
         if not events:
             return

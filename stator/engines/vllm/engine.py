@@ -16,84 +16,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from vllm.config.kv_events import KVEventsConfig
-from vllm.config.kv_transfer import KVTransferConfig
 from vllm.distributed.kv_events import KVEventBatch
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
-from vllm.inputs import EmbedsPrompt, TokensPrompt
 from vllm.platforms import current_platform
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
 from stator.engines.base import Engine, EngineDead, EngineError, Unsupported
+from stator.engines.vllm.args import KV_TOPIC, engine_args
+from stator.engines.vllm.card import vllm_model_card
 from stator.engines.vllm.config import VllmConfig
-from stator.engines.vllm.connectors import DEFAULT_OFFLOAD_GIB, transfer_config
 from stator.engines.vllm.disagg import kv_transfer_config, prefill_params, request_kv_params
 from stator.engines.vllm.kv_events import KvEventRelay
 from stator.engines.vllm.lora import LoraSet, local_adapter_dir
 from stator.engines.vllm.metrics import vllm_samples
 from stator.engines.vllm.outputs import OutputConverter
+from stator.engines.vllm.prompts import vllm_prompt
 from stator.engines.vllm.sampling import sampling_params
-from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
 from stator.protocols import EngineOutput, EngineRequest, KvEvent, LoadReport, LoraInfo, ModelCard
 
 log = logging.getLogger(__name__)
-
-KV_TOPIC = "kv"
-
-
-def engine_args(
-    config: VllmConfig,
-    model_path: str,
-    served_name: str,
-    kv_endpoint: str | None = None,
-    role_connector: dict[str, Any] | None = None,
-) -> AsyncEngineArgs:
-    """vLLM's engine arguments: the user's, plus what stator needs (prefix caching, stats
-    for metrics, the KV event publisher sending to `kv_endpoint`, a free LoRA slot, the KV
-    connectors: `role_connector`, a prefill or decode role's, leads `--connector`'s)."""
-    kwargs: dict[str, Any] = {
-        "enable_prefix_caching": True,
-        **config.engine_args,
-        "model": model_path,
-        "served_model_name": [served_name],
-        "disable_log_stats": False,
-    }
-    if config.kv_events and kv_endpoint and kwargs.get("kv_events_config") is None:
-        kwargs["kv_events_config"] = KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=kv_endpoint, topic=KV_TOPIC
-        )
-    names = list(config.connector)
-    offload_gib = kwargs.get("kv_offloading_size")
-    if (
-        offload_gib is not None
-        and (names or role_connector)
-        and not kwargs.get("kv_transfer_config")
-    ):
-        # vLLM turns --kv-offloading-size into a kv_transfer_config of its own that would
-        # replace this chain (and a role's connector with it): chain its connector here.
-        if kwargs.pop("kv_offloading_backend", "native") != "native":
-            raise ValueError(
-                "--kv-offloading-backend lmcache cannot chain with --connector or a prefill / "
-                "decode role: name lmcache in --connector instead"
-            )
-        del kwargs["kv_offloading_size"]
-        names.append("offload")
-    connectors = transfer_config(
-        names, DEFAULT_OFFLOAD_GIB if offload_gib is None else offload_gib, role_connector
-    )
-    if connectors is not None:
-        if kwargs.get("kv_transfer_config") is not None:
-            log.warning(
-                "--kv-transfer-config given: it must name every connector (ignored: %s)",
-                connectors["kv_connector"],
-            )
-        else:
-            kwargs["kv_transfer_config"] = KVTransferConfig(**connectors)
-    if kwargs.get("enable_lora") and "max_loras" not in config.engine_args:
-        kwargs["max_loras"] = config.default_max_loras
-    return AsyncEngineArgs(**kwargs)
 
 
 class VllmEngine(Engine):
@@ -147,38 +90,15 @@ class VllmEngine(Engine):
         user_publisher = kv is not None and kv.enable_kv_cache_events and kv.publisher == "zmq"
         if self._relay is None and user_publisher:
             self._relay = KvEventRelay.for_publisher(kv.endpoint, kv.topic, decoder)
-        self._card = self._build_card()
+        self._card = vllm_model_card(
+            self.llm.vllm_config, self.served_name, self.model_path, self.role
+        )
         self._monitor = asyncio.create_task(self._watch_engine(), name="vllm engine monitor")
         log.info(
             "vLLM engine up: block size %d, %d KV blocks, max_num_seqs %d",
             self._card.kv_block_size,
             self._card.total_kv_blocks,
             self._card.max_num_seqs,
-        )
-
-    def _build_card(self) -> ModelCard:
-        assert self.llm is not None
-        cfg = self.llm.vllm_config
-        eos_ids = _eos_ids(cfg.model_config.hf_config.eos_token_id)
-        generation = cfg.model_config.try_get_generation_config() or {}
-        eos_ids += [t for t in _eos_ids(generation.get("eos_token_id")) if t not in eos_ids]
-        return ModelCard(
-            name=self.served_name,
-            source_path=self.model_path,
-            context_length=cfg.model_config.max_model_len,
-            kv_block_size=cfg.cache_config.block_size,
-            total_kv_blocks=cfg.cache_config.num_gpu_blocks or 0,
-            max_num_seqs=cfg.scheduler_config.max_num_seqs,
-            max_num_batched_tokens=cfg.scheduler_config.max_num_batched_tokens,
-            eos_token_ids=eos_ids,
-            prompt_embeds_hidden_size=(
-                cfg.model_config.get_hidden_size() if cfg.model_config.enable_prompt_embeds else 0
-            ),
-            engine="vllm",
-            structured_output=True,  # vLLM's own structured-output backends
-            role=self.role,
-            kv_state_available=False,  # see kv_state
-            extra={"vllm_version": _vllm_version()},
         )
 
     async def shutdown(self) -> None:
@@ -225,39 +145,11 @@ class VllmEngine(Engine):
 
     # -- generation ------------------------------------------------------------------------
 
-    def _prompt(self, request: EngineRequest) -> tuple[Any, list[int] | None, int]:
-        """(vLLM prompt, prompt token ids or None, prompt length)."""
-        assert self.llm is not None
-        model_config = self.llm.vllm_config.model_config
-        if request.prompt_embeds is not None:
-            if not model_config.enable_prompt_embeds:
-                raise EngineError(
-                    "prompt embeddings need the worker started with --enable-prompt-embeds"
-                )
-            try:
-                tensor = embeds_tensor(
-                    request.prompt_embeds,
-                    request.prompt_embeds_shape,
-                    request.prompt_embeds_dtype,
-                    model_config.get_hidden_size(),
-                    model_config.max_model_len,
-                )
-            except InvalidPromptEmbeds as exc:
-                raise EngineError(f"invalid prompt_embeds: {exc}") from exc
-            return EmbedsPrompt(prompt_embeds=tensor), None, int(tensor.shape[0])
-        if not request.token_ids:
-            raise EngineError("the request has neither token_ids nor prompt_embeds")
-        return (
-            TokensPrompt(prompt_token_ids=list(request.token_ids)),
-            request.token_ids,
-            len(request.token_ids),
-        )
-
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if self._dead is not None or self.llm is None:
             raise EngineDead(f"vLLM engine is not running: {self._dead or 'not started'}")
         llm = self.llm
-        prompt, prompt_ids, prompt_len = self._prompt(request)
+        prompt, prompt_ids, prompt_len = vllm_prompt(request, llm.vllm_config.model_config)
         params = sampling_params(request, prompt_len, llm.vllm_config.model_config.max_model_len)
         kv_params = request_kv_params(request)
         if kv_params is not None:
@@ -430,15 +322,3 @@ class VllmEngine(Engine):
         self._check_sleep()
         assert self.llm is not None
         await self.llm.wake_up(tags)
-
-
-def _eos_ids(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return [value] if isinstance(value, int) else [int(v) for v in value]
-
-
-def _vllm_version() -> str:
-    import vllm
-
-    return str(getattr(vllm, "__version__", "unknown"))

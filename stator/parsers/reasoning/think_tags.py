@@ -6,11 +6,15 @@ optional leading `<think>`, and switch to content at the first `</think>`. An ou
 without `</think>` was cut off while thinking: it is all reasoning. (Deciding otherwise would
 need the whole output before streaming a single reasoning token, and streamed text cannot be
 taken back.)
+
+Qwen3 also ends its reasoning at a `<tool_call>` (a model that calls a tool without closing
+its think block): the call and what follows are content, for the tool-call parser. vLLM's
+Qwen3 parser does the same (its grammar's REASONING + `<tool_call>` transition).
 """
 
 from __future__ import annotations
 
-from stator.parsers.jail import partial_marker_len
+from stator.parsers.jail import find_first, partial_marker_len
 from stator.parsers.reasoning.base import ReasoningDelta, register_reasoning_parser
 
 THINK_START = "<think>"
@@ -19,10 +23,15 @@ THINK_END = "</think>"
 _PREFIX, _REASONING, _CONTENT = "prefix", "reasoning", "content"
 
 
+# Markers that end reasoning and stay in the output as content (Qwen3's tool calls).
+QWEN3_CONTENT_STARTS = ("<tool_call>",)
+
+
 class ThinkTagReasoningParser:
-    def __init__(self) -> None:
+    def __init__(self, content_starts: tuple[str, ...] = ()) -> None:
         self._mode = _PREFIX
         self._buffer = ""
+        self._ends = (THINK_END, *content_starts)
 
     def feed(self, text_delta: str) -> ReasoningDelta:
         self._buffer += text_delta
@@ -30,14 +39,17 @@ class ThinkTagReasoningParser:
         if self._mode == _PREFIX and not self._skip_opening_tag():
             return out
         if self._mode == _REASONING:
-            pos = self._buffer.find(THINK_END)
-            if pos < 0:
-                keep = partial_marker_len(self._buffer, (THINK_END,))
+            found = find_first(self._buffer, self._ends)
+            if found is None:
+                keep = partial_marker_len(self._buffer, self._ends)
                 out.reasoning += self._buffer[: len(self._buffer) - keep]
                 self._buffer = self._buffer[len(self._buffer) - keep :]
                 return out
+            pos, marker = found
             out.reasoning += self._buffer[:pos]
-            self._buffer = self._buffer[pos + len(THINK_END) :]
+            # `</think>` is dropped; a content start (a tool call) begins the content.
+            skip = len(THINK_END) if marker == THINK_END else 0
+            self._buffer = self._buffer[pos + skip :]
             self._mode = _CONTENT
         out.content += self._buffer
         self._buffer = ""
@@ -86,4 +98,6 @@ def qwen3(
     """`enable_thinking` may come directly or inside the request's `chat_template_kwargs`."""
     if chat_template_kwargs and "enable_thinking" in chat_template_kwargs:
         enable_thinking = bool(chat_template_kwargs["enable_thinking"])
-    return ThinkTagReasoningParser() if enable_thinking else PassThroughReasoningParser()
+    if not enable_thinking:
+        return PassThroughReasoningParser()
+    return ThinkTagReasoningParser(content_starts=QWEN3_CONTENT_STARTS)

@@ -227,7 +227,7 @@ async def test_decode_role_waits_for_the_kv_transfer(make_engine):
     # KV bytes per token come from the tiny config.json; a 1e-4 GB/s link makes the
     # transfer clearly visible.
     engine = await make_engine(role="decode", speedup_ratio=1.0, kv_transfer_bandwidth=1e-4)
-    expected = engine.transfer_seconds(40)
+    expected = engine.kv_copies.transfer_seconds(40)
     assert expected > 0.05
     req = request(max_tokens=2)
     req.disagg = DisaggParams(prefill_worker_id=1, num_prompt_tokens=40)

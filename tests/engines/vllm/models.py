@@ -91,12 +91,10 @@ def make_gpt_oss(path: Path) -> Path:
 HARMONY_BOS, HARMONY_PAD, HARMONY_RETURN, HARMONY_CALL = 199998, 199999, 200002, 200012
 
 
-def make_gpt_oss_harmony(path: Path, tokenizer_json: Path) -> Path:
-    """GPT-OSS on the real o200k_harmony vocabulary (201088 ids), so that vLLM's and stator's
-    Harmony chat paths run on it. Hidden size 64 keeps the two 201088-row matrices small."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+def harmony_model_files(path: Path, tokenizer_json: Path, context: int = 2048) -> Path:
+    """GPT-OSS's files (config, tokenizer, generation config; no weights) on the real
+    o200k_harmony vocabulary (201088 ids), so that vLLM's and stator's Harmony chat paths
+    run on it. Hidden size 64 keeps the two 201088-row matrices of the weights small."""
     make_model_dir(
         path,
         chat_template=None,
@@ -106,12 +104,13 @@ def make_gpt_oss_harmony(path: Path, tokenizer_json: Path) -> Path:
         num_layers=2,
         architecture="GptOssForCausalLM",
         model_type="gpt_oss",
+        max_position_embeddings=context,
     )
     (path / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     specials = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"}  # fmt: skip
     tok_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "model_max_length": 2048,
+        "model_max_length": context,
         **specials,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
@@ -136,6 +135,15 @@ def make_gpt_oss_harmony(path: Path, tokenizer_json: Path) -> Path:
     (path / "generation_config.json").write_text(
         json.dumps({"bos_token_id": HARMONY_BOS, "eos_token_id": eos, "pad_token_id": HARMONY_PAD})
     )
+    return path
+
+
+def make_gpt_oss_harmony(path: Path, tokenizer_json: Path) -> Path:
+    """`harmony_model_files` with random bfloat16 weights, for a real vLLM engine."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    harmony_model_files(path, tokenizer_json)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     model.to(torch.bfloat16).save_pretrained(path)

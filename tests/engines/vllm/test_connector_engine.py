@@ -9,8 +9,8 @@ from tests.engines.vllm.conftest import SKIP_REASON
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from stator.engines.vllm import VllmConfig
+from stator.engines.vllm.args import engine_args
 from stator.engines.vllm.disagg import kv_transfer_config
-from stator.engines.vllm.engine import engine_args
 
 
 def test_connector_builds_the_kv_transfer_config(llama_dir):

@@ -11,18 +11,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+from tests.frontend.parser_stack import WEATHER_TOOL
+
+WEATHER = WEATHER_TOOL
 TIME = {
     "type": "function",
     "function": {
@@ -158,10 +149,12 @@ HERMES_OUTPUTS = [
     ),
     ("think_no_call_with_tools", "<think>No tool fits.</think>I will not call.", [WEATHER]),
     ("no_call_with_tools", "I will not call anything.", [WEATHER]),
-    # Known to differ (docs/vllm.md, "Deliberate differences"; `HERMES_DIFFERENT`).
+    # A call ends Qwen3's reasoning though no think block was opened or closed.
     ("call_without_think", ONE_CALL, [WEATHER]),
     ("unicode_call_without_think", UNICODE_CALL, [WEATHER]),
     ("nested_call_without_think", NESTED_CALL, [WEATHER]),
+    ("preamble_call_without_think", f"Let me check.{ONE_CALL}", [WEATHER]),
+    # Known to differ (docs/vllm.md, "Deliberate differences"; `HERMES_DIFFERENT`).
     ("think_blank_lines_then_call", f"<think>Rome.</think>\n\n{NESTED_CALL}", [WEATHER]),
     (
         "think_preamble_two_calls_newline",
@@ -171,12 +164,6 @@ HERMES_OUTPUTS = [
 ]
 # Outputs the two processors parse differently, and why (docs/vllm.md says more).
 HERMES_DIFFERENT = {
-    # stator's think-tag parsers start inside reasoning (a template may open <think> in
-    # the prompt) and read an output that never closes it as reasoning cut off; vLLM's
-    # Qwen3 parser looks at the prompt's ids, sees no open block, and parses the call.
-    "call_without_think": "reasoning never closed",
-    "unicode_call_without_think": "reasoning never closed",
-    "nested_call_without_think": "reasoning never closed",
     # Whitespace-only content next to Hermes calls: stator keeps it as content; vLLM
     # drops it (between calls always, before a call when not streaming).
     "think_preamble_two_calls_newline": "whitespace around calls",

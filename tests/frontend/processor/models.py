@@ -9,6 +9,8 @@ from pathlib import Path
 from stator.frontend.metrics import FrontendMetrics
 from stator.frontend.processor import Processor, create_processor
 from stator.protocols import ModelCard
+from tests.engines.vllm.harmony import harmony_tokenizer_json
+from tests.engines.vllm.models import harmony_model_files
 from tests.frontend.parser_stack import TOOLS_TEMPLATE
 from tests.model_factory import make_model_dir
 
@@ -70,41 +72,32 @@ def tools_model(path: Path) -> Path:
     return model_dir
 
 
-# o200k_harmony's special tokens that GPT-OSS's own files name.
-HARMONY_BOS, HARMONY_PAD, HARMONY_RETURN, HARMONY_CALL = 199998, 199999, 200002, 200012
+def tools_card(directory: Path) -> ModelCard:
+    """`tools_model`'s card, with Qwen3 reasoning and Hermes tool calls."""
+    return ModelCard(
+        name="m",
+        source_path=str(tools_model(directory)),
+        context_length=CONTEXT,
+        reasoning_parser="qwen3",
+        tool_call_parser="hermes",
+    )
 
 
-def harmony_model(path: Path, tokenizer_json: Path) -> Path:
-    """GPT-OSS's files on the real o200k_harmony vocabulary."""
-    model_dir = make_model_dir(
-        path, chat_template=None, architecture="GptOssForCausalLM", model_type="gpt_oss"
+# GPT-OSS's own context, for the corpus's longest request on o200k_harmony.
+HARMONY_CONTEXT = 131072
+
+
+def harmony_card(directory: Path) -> ModelCard:
+    """GPT-OSS's files on the real o200k_harmony vocabulary (skips where it cannot be
+    rebuilt) and their card, with Harmony reasoning and tool calls."""
+    model_dir = harmony_model_files(directory, harmony_tokenizer_json(), context=HARMONY_CONTEXT)
+    return ModelCard(
+        name="m",
+        source_path=str(model_dir),
+        context_length=HARMONY_CONTEXT,
+        reasoning_parser="gpt_oss",
+        tool_call_parser="harmony",
     )
-    (model_dir / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
-    specials = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"}  # fmt: skip
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 131072}
-    (model_dir / "tokenizer_config.json").write_text(json.dumps({**tok_config, **specials}))
-    (model_dir / "special_tokens_map.json").write_text(json.dumps(specials))
-    config_path = model_dir / "config.json"
-    config = json.loads(config_path.read_text())
-    config.update(
-        vocab_size=201088,
-        bos_token_id=HARMONY_BOS,
-        eos_token_id=HARMONY_RETURN,
-        pad_token_id=HARMONY_PAD,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        experts_per_token=2,
-        intermediate_size=64,
-        sliding_window=128,
-        layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=131072,
-    )
-    config_path.write_text(json.dumps(config))
-    eos = [HARMONY_RETURN, HARMONY_PAD, HARMONY_CALL]
-    (model_dir / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": HARMONY_BOS, "eos_token_id": eos, "pad_token_id": HARMONY_PAD})
-    )
-    return model_dir
 
 
 async def both_processors(card: ModelCard) -> tuple[Processor, Processor]:

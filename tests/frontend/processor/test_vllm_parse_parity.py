@@ -14,22 +14,15 @@ import pytest
 pytest.importorskip("vllm", reason="vllm is not installed here (run .ci/vllm.sh)")
 
 from stator.frontend.openai.requests import ChatCompletionRequest
-from stator.frontend.processor import ChoicePlan
+from stator.frontend.processor import ChoicePlan, Processor
 from stator.llm import Tokenizer
 from stator.parsers import ParsedDelta
 from stator.parsers.calls import assemble_calls
-from stator.protocols import EngineOutput, ModelCard
-from tests.engines.vllm.harmony import harmony_tokenizer_json
+from stator.protocols import EngineOutput
 from tests.frontend.processor.corpus import (
     HARMONY_OUTPUTS,
     HERMES_DIFFERENT,
     HERMES_OUTPUTS,
-)
-from tests.frontend.processor.models import (
-    CONTEXT,
-    both_processors,
-    harmony_model,
-    tools_model,
 )
 
 
@@ -68,7 +61,7 @@ def run_choice(plan: ChoicePlan, script: list[int]) -> tuple[str, str, list, str
 
 
 def compare(
-    card: ModelCard,
+    processors: tuple[Processor, Processor],
     tokenizer: Tokenizer,
     outputs,
     script_end: list[int],
@@ -77,7 +70,7 @@ def compare(
     """Every output parses alike, except exactly those in `known_different` (a new
     difference fails, and so does a listed one that went away: update the list and
     docs/vllm.md)."""
-    stator, vllm = asyncio.run(both_processors(card))
+    stator, vllm = processors
     differ = []
     different = set()
     for name, text, tools in outputs:
@@ -103,28 +96,14 @@ def compare(
     assert different == set(known_different), "the known differences changed"
 
 
-def test_qwen3_reasoning_and_hermes_calls(tmp_path):
-    model_dir = tools_model(tmp_path / "tools")
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=CONTEXT,
-        reasoning_parser="qwen3",
-        tool_call_parser="hermes",
-    )
-    tokenizer = Tokenizer.from_dir(model_dir)
-    compare(card, tokenizer, HERMES_OUTPUTS, [tokenizer.eos_token_ids[0]], HERMES_DIFFERENT)
+def test_qwen3_reasoning_and_hermes_calls(tools_parity):
+    card, *processors = tools_parity
+    tokenizer = Tokenizer.from_dir(card.source_path)
+    compare(processors, tokenizer, HERMES_OUTPUTS, [tokenizer.eos_token_ids[0]], HERMES_DIFFERENT)
 
 
-def test_gpt_oss_harmony(tmp_path):
-    model_dir = harmony_model(tmp_path / "gpt-oss", harmony_tokenizer_json())
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=131072,
-        reasoning_parser="gpt_oss",
-        tool_call_parser="harmony",
-    )
-    tokenizer = Tokenizer.from_dir(model_dir)
+def test_gpt_oss_harmony(harmony_parity):
+    card, *processors = harmony_parity
+    tokenizer = Tokenizer.from_dir(card.source_path)
     # Harmony outputs end on their own stop token (<|return|> or <|call|>).
-    compare(card, tokenizer, HARMONY_OUTPUTS, [], {})
+    compare(processors, tokenizer, HARMONY_OUTPUTS, [], {})

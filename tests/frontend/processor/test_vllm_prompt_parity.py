@@ -14,16 +14,14 @@ pytest.importorskip("vllm", reason="vllm is not installed here (run .ci/vllm.sh)
 
 from stator.frontend import errors
 from stator.frontend.openai.requests import ChatCompletionRequest
+from stator.frontend.processor import Processor
 from stator.parsers.harmony.chat import conversation_start_date
 from stator.protocols import ModelCard
-from tests.engines.vllm.harmony import harmony_tokenizer_json
 from tests.frontend.processor.corpus import chat_corpus
 from tests.frontend.processor.models import (
     CONTEXT,
     both_processors,
     chatml_model,
-    harmony_model,
-    tools_model,
 )
 
 CORPUS = chat_corpus()
@@ -47,8 +45,8 @@ def outcome(processor, body: dict) -> list[int] | str:
     return list(prepared.prompts[0])
 
 
-def compare(card: ModelCard, bodies: list[tuple[str, dict]]) -> None:
-    stator, vllm = asyncio.run(both_processors(card))
+def compare(processors: tuple[Processor, Processor], bodies: list[tuple[str, dict]]) -> None:
+    stator, vllm = processors
     mismatches = []
     refused = 0
     for name, body in bodies:
@@ -75,32 +73,16 @@ def test_chatml_prompt_ids(tmp_path):
     tool-call parser: stator's 400s must match), every other request."""
     model_dir = chatml_model(tmp_path / "chatml")
     card = ModelCard(name="m", source_path=str(model_dir), context_length=CONTEXT)
-    compare(card, [(n, b) for n, b in CORPUS if "tools" not in b])
+    compare(asyncio.run(both_processors(card)), [(n, b) for n, b in CORPUS if "tools" not in b])
 
 
-def test_tools_template_prompt_ids(tmp_path):
+def test_tools_template_prompt_ids(tools_parity):
     """The tool-aware template with Qwen3 reasoning and Hermes tool calls: every request."""
-    model_dir = tools_model(tmp_path / "tools")
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=CONTEXT,
-        reasoning_parser="qwen3",
-        tool_call_parser="hermes",
-    )
-    compare(card, CORPUS)
+    compare(tools_parity[1:], CORPUS)
 
 
-def test_gpt_oss_prompt_ids(tmp_path):
+def test_gpt_oss_prompt_ids(harmony_parity):
     """GPT-OSS on o200k_harmony (Harmony rendering on both sides): every request."""
-    model_dir = harmony_model(tmp_path / "gpt-oss", harmony_tokenizer_json())
-    card = ModelCard(
-        name="m",
-        source_path=str(model_dir),
-        context_length=131072,
-        reasoning_parser="gpt_oss",
-        tool_call_parser="harmony",
-    )
     # GPT-OSS knows low, medium and high effort: a 400 from both for anything else.
     minimal = {"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "minimal"}
-    compare(card, [*CORPUS, ("minimal-effort-refused", minimal)])
+    compare(harmony_parity[1:], [*CORPUS, ("minimal-effort-refused", minimal)])
