@@ -14,10 +14,14 @@ completions endpoint, exact lengths (ignore_eos), the same lengths as (1). It pr
 the busiest server process's CPU, and the workload's floor: prefill FLOPs at the measured
 bf16 matmul rate plus decode bytes (weights once per step at the batch cap, KV read per
 token) at the measured copy bandwidth, and each result's ratio to that floor. Also: batch-1
-decode tok/s and the decode step at batch 256.
+decode tok/s, the decode step at batch 256, and mixed steps in isolation (16 / 64 / 240
+decodes plus one new 128-token prompt each step) with the GPU's busy fraction over them.
+`--engine-variant NAME=JSON` times the engine alone again with other `NativeConfig` fields
+(e.g. eager mixed steps: `{"cudagraph_mode": "full_decode_only"}`).
 
     python benchmarks/native_gpu_http_vs_engine.py [--num-requests 1000] \\
-        [--variant "default=" --variant "api2=--api-server-count 2"]
+        [--variant "default=" --variant "api2=--api-server-count 2"] \\
+        [--engine-variant 'eager_mixed={"cudagraph_mode": "full_decode_only"}']
     python benchmarks/native_gpu_http_vs_engine.py --device cpu --tiny --num-requests 16
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -40,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from http_vs_engine_table import print_table  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
 from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
@@ -72,12 +78,13 @@ def engine_alone_main(args: argparse.Namespace) -> None:
 
     root = Path(tempfile.mkdtemp())
     mdir = model_dir(root, args.tiny)
-    config = NativeConfig(
-        device=args.device,
-        dtype="bfloat16" if args.device == "cuda" else "float32",
-        load_format="auto" if args.tiny else "dummy",
-        max_num_seqs=CONCURRENCY,
-    )
+    fields = {
+        "device": args.device,
+        "dtype": "bfloat16" if args.device == "cuda" else "float32",
+        "load_format": "auto" if args.tiny else "dummy",
+        "max_num_seqs": CONCURRENCY,
+    }
+    config = NativeConfig(**{**fields, **json.loads(args.engine_config)})
     core = EngineCore(config, mdir)
     vocab = core.spec.vocab_size
     rng = random.Random(7)
@@ -126,7 +133,51 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             "cpu_pct": 100 * (time.process_time() - c0) / secs,
         }
 
+    ids = itertools.count()
+
+    def mixed_steps(decodes: int, prompt_len: int, n: int, profile: bool = False) -> dict:
+        """Mean step with `decodes` sequences decoding and one new `prompt_len`-token prompt
+        entering each step (it ends there: max_tokens 1): the launch-bound mixed step.
+        `profile`: also the GPU's busy fraction over the timed steps (`gpu_busy`)."""
+        for _ in range(decodes):
+            core.add_request(req(f"m{next(ids)}", 64, 10 * n))
+        while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
+            core.step()
+
+        def run(steps: int) -> None:
+            for _ in range(steps):
+                core.add_request(req(f"p{next(ids)}", prompt_len, 1))
+                core.step()
+
+        run(3)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        run(n)
+        out: dict = {"ms": 1e3 * (time.perf_counter() - start) / n}
+        if profile:
+            try:
+                out.update(gpu_busy(lambda: run(n)))
+            except Exception as exc:  # the profiler's API moves between torch versions
+                out["error"] = repr(exc)
+        drain()
+        return out
+
     res: dict = {}
+    mixed_steps(16, 128, 5)  # warm-up: the first steps of a shape compile kernels
+    for decodes in (16, 64, 240):  # 240 + 1: under the batch cap
+        r = mixed_steps(decodes, 128, 30, profile=args.device == "cuda")
+        res[f"mixed_step_ms_{decodes}_plus_128"] = r.pop("ms")
+        res[f"gpu_busy_{decodes}_plus_128"] = r
+    print("MIXED " + json.dumps(res), flush=True)
+    for name in args.profiles if args.profiles_only else ():
+        lengths = workload(args, name)
+        for r in [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]:
+            core.add_request(r)
+        res[name] = timed(drain)
+    if args.profiles_only:
+        print("ENGINE-ALONE " + json.dumps(res), flush=True)
+        return
     for trial in range(2):  # the second: the first compiles and warms
         core.add_request(req(f"b1-{trial}", 32, 256))
         t = drain()[f"b1-{trial}"]
@@ -160,11 +211,41 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     print("ENGINE-ALONE " + json.dumps(res), flush=True)
 
 
-def engine_alone(args: argparse.Namespace, log: Path) -> dict:
+def gpu_busy(run) -> dict:
+    """The fraction of `run`'s span during which some kernel ran (torch.profiler): below 1,
+    the GPU waited for the host; and the kernels that took the most GPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    per_name: dict[str, float] = {}
+    for e in kernels:
+        per_name[e.name[:60]] = per_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us()
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "busy": busy / (spans[-1][1] - spans[0][0]),
+        "kernels": len(kernels),
+        "top_ms": {name: round(us / 1e3, 2) for name, us in top},
+    }
+
+
+def engine_alone(
+    args: argparse.Namespace, log: Path, config: str = "{}", profiles_only: bool = False
+) -> dict:
     cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
     cmd += ["--num-requests", str(args.num_requests), "--profiles", *args.profiles]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--closed-loop"] if args.closed_loop else []
+    cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
     with log.open("wb") as handle:
         subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False, cwd=REPO)
     text = log.read_text(errors="replace")
@@ -261,7 +342,16 @@ def main() -> None:
         action="store_true",
         help=f"also time the engine alone with at most {CONCURRENCY} requests in it at once",
     )
+    ap.add_argument(
+        "--engine-variant",
+        action="append",
+        default=[],
+        help="NAME=JSON: also time the engine alone with these NativeConfig fields (e.g. "
+        'eager_mixed={"cudagraph_mode": "full_decode_only"}), both profiles, all at once',
+    )
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.engine_alone:
@@ -282,6 +372,12 @@ def main() -> None:
     if not args.skip_engine:
         res["engine"] = engine_alone(args, out / "engine_alone.log")
         print("engine alone:", json.dumps(res["engine"]), flush=True)
+    for name, config in (v.partition("=")[::2] for v in args.engine_variant):
+        log = out / f"engine_alone_{name}.log"
+        r = engine_alone(args, log, config, profiles_only=True)
+        res.setdefault("engine_variants", {})[name] = r
+        print(f"engine alone {name}:", json.dumps(r), flush=True)
+        (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
     for name, flags in variants:
         proc, url = start_server(args, mdir, shlex.split(flags), out / f"server_{name}.log")
         try:
@@ -297,52 +393,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
-    print_table(res, args.profiles, [n for n, _ in variants])
-
-
-def print_table(res: dict, profiles: list[str], variants: list[str]) -> None:
-    rates = res["rates"]
-    eng = res.get("engine", {})
-    print(
-        f"\nmatmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s, copy "
-        f"{rates['copy_bytes_s'] / 1e12:.2f} TB/s; batch-1 decode "
-        f"{eng.get('b1_decode_tok_s', 0):.1f} tok/s; decode step at 256: "
-        f"{eng.get('step_ms_at_256', 0):.2f} ms"
-    )
-    print(
-        "| profile | setup | output tok/s | / engine | / floor | ITL p50 ms | ITL / step | busiest CPU |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    step = eng.get("step_ms_at_256")
-    for profile in profiles:
-        fl = res["floor"][profile]["output_tok_s"]
-        print(f"| {profile} | floor | {fl:.0f} | | 1.00 | | | |")
-        modes = [
-            (f"{profile}", "all at once"),
-            (f"{profile}_closed_loop", f"{CONCURRENCY} in flight"),
-        ]
-        runs = [(label, eng[key]) for key, label in modes if key in eng]
-        # The reference: the engine alone's better mode.
-        e = max((r for _, r in runs), key=lambda r: r["output_tok_s"], default=None)
-        for label, r in runs:
-            print(
-                f"| {profile} | engine alone ({label}) | {r['output_tok_s']:.0f} | "
-                f"{r['output_tok_s'] / e['output_tok_s']:.2f} | {r['output_tok_s'] / fl:.2f} "
-                f"| | | {r['cpu_pct']:.0f}% |"
-            )
-        for name in variants:
-            h = res["http"].get(name, {}).get(profile)
-            if not h:
-                continue
-            busiest = max(h["cpu_pct"].items(), key=lambda kv: kv[1], default=("-", 0))
-            vs = f"{h['output_tok_s'] / e['output_tok_s']:.2f}" if e else "-"
-            itl = h["itl_p50_ms"] or 0
-            ratio = f"{itl / step:.2f}" if step else "-"
-            print(
-                f"| {profile} | HTTP {name} ({h['ok']} ok, {h['failed']} failed) | "
-                f"{h['output_tok_s']:.0f} | {vs} | {h['output_tok_s'] / fl:.2f} | {itl:.1f} | "
-                f"{ratio} | {busiest[0]} {busiest[1]:.0f}% |"
-            )
+    print_table(res, args.profiles, [n for n, _ in variants], CONCURRENCY)
 
 
 if __name__ == "__main__":

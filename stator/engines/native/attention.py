@@ -40,9 +40,10 @@ class AttentionBackend(abc.ABC):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of q [T, Hq, D] over each sequence's keys (cached ones plus this
-        step's k, v [T, Hkv, D], already stored); returns [T, Hq, D].
+        step's k, v [T, Hkv, D], already stored); returns [T, Hq, D] (`out` when given).
         `window`: this layer's sliding window (None: the plan's, 0: none); `sinks` [Hq]:
         one logit per head added to the softmax's denominator (GPT-OSS)."""
 
@@ -128,6 +129,9 @@ class TorchAttention(AttentionBackend):
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> None:
         slots = get_context().slot_mapping
+        keep = slots >= 0
+        if not bool(keep.all()):  # padded rows (slot -1) store nothing, as `store_kv`
+            slots, k, v = slots[keep], k[keep], v[keep]
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, slots, k)
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
@@ -142,6 +146,21 @@ class TorchAttention(AttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        result = self._attend(q, k, v, k_cache, v_cache, scale, window, sinks)
+        return result if out is None else out.copy_(result)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        window: int | None,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
         plans: _TorchPlans = get_context().attn_metadata
         key = plans.window if window is None else (window or None)
@@ -223,3 +242,15 @@ def _attend_with_sinks(
     if plan.query_index is None:
         return out.reshape(batch * max_q, -1, head_dim)
     return out.reshape(batch * max_q, -1, head_dim)[plan.valid_rows]
+
+
+def make_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchAttention()
+    if device.type != "cuda":
+        raise ValueError("--attention-backend triton needs --device cuda")
+    from stator.engines.native.triton_attention import TritonAttention
+
+    return TritonAttention()

@@ -73,7 +73,20 @@ class NativeConfig:
         "for aggregated workers, off on the CPU (where the step, not the host, is slow)",
         choices=["auto", "on", "off"],
     )
-    enforce_eager: bool = option(False, "Never use CUDA graphs for decode steps")
+    enforce_eager: bool = option(False, "Never use CUDA graphs")
+    cudagraph_mode: str = option(
+        "full_and_piecewise",
+        "CUDA graphs on CUDA, as vLLM names them: full_and_piecewise = whole-pass graphs for "
+        "decode steps and piecewise graphs (all but attention) for every other step of up "
+        "to --piecewise-max-tokens; full_decode_only = mixed and prefill steps run eagerly",
+        choices=["full_and_piecewise", "full_decode_only"],
+    )
+    piecewise_max_tokens: int = option(
+        512,
+        "Largest step (in tokens) run as piecewise CUDA graphs (vLLM's default capture "
+        "limit); larger ones run eagerly: their matmuls, not kernel launches, bound them, "
+        "and the graphs' padding and copies would cost ~2-3%",
+    )
     overlap: str = option(
         "auto",
         "Schedule and prepare step n+1 while the device runs step n, reading sampled tokens "

@@ -82,3 +82,19 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     ]
     if missing:
         raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:8])}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: torch.nn.Module) -> None:
+    """Random weights of a trained model's scale (for benchmarks without a checkpoint):
+    norms at 1, everything else N(0, 0.02); modules with an `init_dummy` (packed experts)
+    fill their own."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif p.is_floating_point():
+            p.normal_(0.0, 0.02, generator=gen)
+    for module in model.modules():
+        if hasattr(module, "init_dummy"):
+            module.init_dummy(gen)

@@ -12,28 +12,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stator.engines.native.attention import AttentionBackend, TorchAttention
+from stator.engines.native import step_graphs
+from stator.engines.native.attention import AttentionBackend, make_backend
 from stator.engines.native.config import ModelSpec, NativeConfig, parse_bytes
 from stator.engines.native.context import StepContext, set_context
 from stator.engines.native.cpu_threads import StepThreads
 from stator.engines.native.cuda_graphs import DecodeGraphs
 from stator.engines.native.layers import Linear
-from stator.engines.native.loader import load_weights
+from stator.engines.native.loader import init_dummy_weights, load_weights
 from stator.engines.native.lora.batch import build_lora_batch, token_slots
 from stator.engines.native.lora.slots import LoraSlots
 from stator.engines.native.models import model_class
 from stator.engines.native.overlap import to_device
+from stator.engines.native.piecewise import PiecewiseGraphs
 from stator.engines.native.request import Sequence
 from stator.engines.native.sleep import Offloaded, offload_model, restore_model
-from stator.engines.native.spec.config import MAX_VERIFY_BATCH, verify_tokens
 from stator.kv.block_copy import pool_shape
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_DEFAULT_KV_BYTES = 1 << 30
-# Steps of at most this many tokens zero one LoRA workspace for all projections at once.
-_LORA_WORKSPACE_TOKENS = 512
 
 
 def resolve_device(name: str) -> torch.device:
@@ -49,18 +48,6 @@ def resolve_dtype(name: str, spec: ModelSpec, device: torch.device) -> torch.dty
         # Half-precision matmuls are slow on most CPUs; the checkpoint's dtype on GPUs.
         return torch.float32 if device.type == "cpu" else DTYPES[spec.checkpoint_dtype]
     return DTYPES[name]
-
-
-def make_backend(name: str, device: torch.device) -> AttentionBackend:
-    if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
-    if name == "torch":
-        return TorchAttention()
-    if device.type != "cuda":
-        raise ValueError("--attention-backend triton needs --device cuda")
-    from stator.engines.native.triton_attention import TritonAttention
-
-    return TritonAttention()
 
 
 @dataclass
@@ -110,7 +97,7 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(previous)
         if config.load_format == "dummy":
-            init_dummy_weights(self.model, spec)
+            init_dummy_weights(self.model)
         else:
             load_weights(self.model, model_dir)
         self.model.eval()
@@ -132,6 +119,7 @@ class ModelRunner:
             self._choose_gemv()
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None  # speculative decoding's (spec/)
+        self.piecewise: PiecewiseGraphs | None = None  # mixed steps' (step_graphs.py)
         self.kv_pool: torch.Tensor | None = None
         peak = self._warm_up_peak() if self.device.type == "cuda" else 0
         self.num_blocks = self._size_kv_cache(max_model_len, peak)
@@ -139,39 +127,7 @@ class ModelRunner:
         self._model_dir = Path(model_dir)
         self._asleep: Offloaded | None = None
         self._asleep_parts: set[str] = set()
-        self._capture_graphs(prepare=True)
-
-    def _capture_graphs(self, *, prepare: bool) -> None:
-        # The torch backend's plan reads the step's lengths on the host: no graphs for it.
-        graphable = not isinstance(self.backend, TorchAttention)
-        config = self.config
-        if self.device.type == "cuda" and not config.enforce_eager and graphable:
-            max_batch = min(config.max_graph_batch or config.max_num_seqs, 512)
-            if prepare:
-                self._prepare_graphs(max_batch)
-            self.graphs = self._graphs(max_batch, 1)
-            self.graphs.capture()
-            q = verify_tokens(config.speculative_config)
-            if q and self.lora_slots is None:
-                self.verify_graphs = self._graphs(min(max_batch, MAX_VERIFY_BATCH), q)
-                self.verify_graphs.capture()
-
-    def _graphs(self, max_batch: int, tokens_per_seq: int) -> DecodeGraphs:
-        return DecodeGraphs(
-            self.model,
-            self.backend,
-            max_batch=max_batch,
-            max_blocks_per_seq=-(-self.max_model_len // self.block_size),
-            max_model_len=self.max_model_len,
-            block_size=self.block_size,
-            sliding_window=self.sliding_window,
-            device=self.device,
-            lora_slots=self.config.max_loras if self.lora_slots is not None else 0,
-            lora_workspace=(
-                self.lora_slots.workspace_shape() if self.lora_slots is not None else None
-            ),
-            tokens_per_seq=tokens_per_seq,
-        )
+        step_graphs.capture(self, prepare=True)
 
     # -- sleep mode ----------------------------------------------------------------------
 
@@ -185,7 +141,7 @@ class ModelRunner:
         dropped), the KV cache, the LoRA slots and the decode graphs."""
         if self.asleep:
             return
-        self.graphs = self.verify_graphs = None  # their memory pools go with them
+        step_graphs.release(self)
         self._asleep = offload_model(self.model, level)
         self._allocate_kv(0)
         if self.lora_slots is not None:
@@ -211,7 +167,7 @@ class ModelRunner:
             assert self._asleep is not None
             if not restore_model(self.model, self._asleep, self.device):
                 if self.config.load_format == "dummy":
-                    init_dummy_weights(self.model, self.spec)
+                    init_dummy_weights(self.model)
                 else:
                     load_weights(self.model, self._model_dir)
             self._asleep = None
@@ -222,7 +178,7 @@ class ModelRunner:
                 self.lora_slots.allocate()
             self._asleep_parts.discard("kv_cache")
         if not self._asleep_parts and self.graphs is None:
-            self._capture_graphs(prepare=False)
+            step_graphs.capture(self, prepare=False)
 
     def _prepare_graphs(self, max_batch: int) -> None:
         """What decode graphs of up to `max_batch` sequences need before their capture
@@ -381,13 +337,8 @@ class ModelRunner:
                 self.lora_slots.num_slots,
                 dev,
                 groups=dev.type != "cuda",
+                scratch_shape=self.lora_slots.workspace_shape(),
             )
-            tokens = len(input_ids)
-            if ctx.lora is not None and dev.type == "cuda" and tokens <= _LORA_WORKSPACE_TOKENS:
-                layers, width = self.lora_slots.workspace_shape()
-                ctx.lora.workspace = torch.zeros(
-                    layers, tokens, width, dtype=torch.float32, device=dev
-                )
         every_row = logits_rows == list(range(len(input_ids))) and not embed_rows
         return StepInputs(
             input_ids=to_device(input_ids, dev),
@@ -407,21 +358,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Run the model; logits [len(logits_rows), vocab] in float32."""
-        graphs = self.graphs
-        if (
-            graphs is not None
-            and inputs.plain_decode
-            and graphs.fits(inputs.input_ids.shape[0], inputs.ctx.block_tables.shape[1])
-        ):
-            return graphs.run(inputs.input_ids, inputs.ctx).float()
-        verify = self.verify_graphs
-        if (
-            verify is not None
-            and inputs.rows_per_seq == verify.tokens_per_seq
-            and inputs.ctx.lora is None
-            and verify.fits(inputs.ctx.block_tables.shape[0], inputs.ctx.block_tables.shape[1])
-        ):
-            return verify.run(inputs.input_ids, inputs.ctx).float()
+        logits = step_graphs.run(self, inputs)
+        if logits is not None:
+            return logits
         self.backend.plan(inputs.ctx, self.sliding_window)
         set_context(inputs.ctx)
         try:
@@ -449,19 +388,3 @@ def _leading_ones(values: list[int]) -> int:
         if v != 1:
             return i
     return len(values)
-
-
-@torch.no_grad()
-def init_dummy_weights(model: torch.nn.Module, spec: ModelSpec) -> None:
-    """Random weights of a trained model's scale (for benchmarks without a checkpoint):
-    norms at 1, everything else N(0, 0.02); modules with an `init_dummy` (packed experts)
-    fill their own."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(0)
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-        elif p.is_floating_point():
-            p.normal_(0.0, 0.02, generator=gen)
-    for module in model.modules():
-        if hasattr(module, "init_dummy"):
-            module.init_dummy(gen)

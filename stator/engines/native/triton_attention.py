@@ -58,12 +58,14 @@ class TritonAttention(AttentionBackend):
         *,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         ctx = get_context()
         plan: _TritonPlan = ctx.attn_metadata
         window = plan.window if window is None else window
         nd = plan.num_decode
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if nd > 0:
             if plan.num_splits == 0:
                 plan.num_splits = default_num_splits(nd, k_cache.shape[2], ctx.max_seq_len)

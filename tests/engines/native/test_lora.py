@@ -9,7 +9,12 @@ import torch
 
 from stator.engines.base import EngineError
 from stator.engines.native.lora.adapter import load_adapter
-from stator.engines.native.lora.batch import TILE_M, build_lora_batch, max_tiles
+from stator.engines.native.lora.batch import (
+    SHARED_SCRATCH,
+    TILE_M,
+    build_lora_batch,
+    max_tiles,
+)
 from stator.engines.native.lora.graph_inputs import LoraGraphInputs
 from stator.engines.native.request import SamplingSpec, Sequence
 from stator.protocols import BlockStored
@@ -183,6 +188,22 @@ def test_lora_tiles_hold_at_most_tile_m_tokens_and_never_exceed_max_tiles():
     worst = [0] * 33 + [1, 2, 3]
     batch = build_lora_batch(worst, 4, torch.device("cpu"), groups=False)
     assert batch.tiles.shape[0] == max_tiles(len(worst), 4) == 4 + 32 // TILE_M
+
+
+def test_a_step_makes_one_zeroed_lora_workspace_on_first_use_and_prefills_their_own():
+    """Made by the first projection that asks (a step that replays a CUDA graph never
+    asks, so it allocates none); steps over SHARED_SCRATCH tokens get one per call."""
+    dev = torch.device("cpu")
+    batch = build_lora_batch([0, -1, 1], 2, dev, groups=True, scratch_shape=(4, 48))
+    assert batch.workspace is None
+    h = batch.scratch(2, 32, dev)
+    assert batch.workspace is not None and batch.workspace.shape == (4, 3, 48)
+    assert h.shape == (3, 32) and h.data_ptr() == batch.workspace[2].data_ptr()
+    assert not h.any()
+    assert batch.scratch(3, 16, dev).data_ptr() == batch.workspace[3].data_ptr()
+    long = build_lora_batch([0] * (SHARED_SCRATCH + 1), 2, dev, groups=True, scratch_shape=(4, 48))
+    assert long.scratch(0, 16, dev).shape == (SHARED_SCRATCH + 1, 16)
+    assert long.workspace is None
 
 
 def test_graph_inputs_give_a_smaller_step_s_leftover_tiles_count_zero():

@@ -28,6 +28,7 @@ pytestmark = [
         ([(0, 4096), (4096, 5120), (5120, 6144)], 4096, 16, 64),
         ([(0, 14336), (14336, 28672)], 4096, 64, 300),
         ([(0, 4096)], 14336, 8, 5),
+        ([(0, 4096), (4096, 5120), (5120, 6144)], 4096, 16, 2048),  # a prefill's tiles
     ],
 )
 def test_triton_lora_kernels_match_the_torch_path(dtype, bounds, k, rank, tokens):

@@ -149,15 +149,12 @@ def _launch(
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, batch: LoraBatch, index: int = 0) -> torch.Tensor:
     """h [T, n * R] float32 = x @ A_slot^T for every token that uses an adapter (rows of
     base-model tokens are left zero). `index`: the projection's row of the batch's zeroed
-    workspace, when it has one."""
+    workspace (`LoraBatch.scratch`)."""
     if x.stride(1) != 1:
         x = x.contiguous()
-    tokens, k = x.shape
+    _, k = x.shape
     _, n, _ = a.shape
-    if batch.workspace is not None:
-        h = batch.workspace[index, :tokens, :n]
-    else:
-        h = torch.zeros(tokens, n, dtype=torch.float32, device=x.device)
+    h = batch.scratch(index, n, x.device)
     block_n = min(64, max(16, triton.next_power_of_2(n)))
     block_k = min(_SHRINK_BLOCK_K, max(16, triton.next_power_of_2(k)))
     programs = batch.tiles.shape[0] * triton.cdiv(n, block_n)

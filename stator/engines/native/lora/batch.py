@@ -18,10 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stator.engines.native.overlap import to_device
+
 # Tokens per tile: the smallest M of a tensor-core dot in Triton. Decode steps give each
 # adapter a few tokens, so a larger tile would mostly multiply padding; a long prefill
 # re-reads its adapter's weights once per 16 tokens, from L2 (a few % of its base matmul).
 TILE_M = 16
+# Steps of at most this many tokens zero one workspace for all projections at once;
+# larger ones (prefill) zero each projection's own, which keeps it small.
+SHARED_SCRATCH = 512
 
 
 @dataclass
@@ -30,9 +35,24 @@ class LoraBatch:
     tiles: torch.Tensor  # [tiles, 3] int32: (slot, start in sorted_idx, count <= TILE_M)
     groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (slot, rows)
     num_tokens: int = 0  # tokens of the step (all rows, adapter or not)
+    # (projections, widest shrink output) of the model's LoRA layers: the shape of the
+    # step's workspace, made on first use (`scratch`), so a step that replays a CUDA
+    # graph (which has its own) allocates and zeroes none.
+    scratch_shape: tuple[int, int] | None = None
     # Zeroed float32 [projections, tokens, width] for every projection's shrink output:
-    # one memset per step instead of one per projection (decode-sized steps on CUDA).
+    # one memset per step instead of one per projection.
     workspace: torch.Tensor | None = None
+
+    def scratch(self, index: int, width: int, device: torch.device) -> torch.Tensor:
+        """Projection `index`'s zeroed shrink output [tokens, width]."""
+        if self.workspace is None and self.scratch_shape and self.num_tokens <= SHARED_SCRATCH:
+            projections, widest = self.scratch_shape
+            self.workspace = torch.zeros(
+                projections, self.num_tokens, widest, dtype=torch.float32, device=device
+            )
+        if self.workspace is not None:
+            return self.workspace[index, :, :width]
+        return torch.zeros(self.num_tokens, width, dtype=torch.float32, device=device)
 
 
 def max_tiles(num_tokens: int, num_slots: int) -> int:
@@ -50,7 +70,12 @@ def token_slots(seq_slots: list[int], num_new: list[int]) -> list[int]:
 
 
 def build_lora_batch(
-    slots: list[int], num_slots: int, device: torch.device, *, groups: bool
+    slots: list[int],
+    num_slots: int,
+    device: torch.device,
+    *,
+    groups: bool,
+    scratch_shape: tuple[int, int] | None = None,
 ) -> LoraBatch | None:
     """The batch layout of per-token `slots` (-1 = base model); None when no token uses
     an adapter (the layers then skip LoRA entirely)."""
@@ -66,12 +91,13 @@ def build_lora_batch(
         for offset in range(0, len(rows), TILE_M):
             tiles.extend((slot, len(flat) + offset, min(TILE_M, len(rows) - offset)))
         flat.extend(rows)
-    # One host-to-device copy for both.
-    packed = torch.tensor(tiles + flat, dtype=torch.int32).to(device, non_blocking=True)
+    # One host-to-device copy for both, through pinned memory (`to_device`).
+    packed = to_device(tiles + flat, device, dtype=torch.int32)
     batch = LoraBatch(
         sorted_idx=packed[len(tiles) :],
         tiles=packed[: len(tiles)].view(-1, 3),
         num_tokens=len(slots),
+        scratch_shape=scratch_shape,
     )
     if groups:
         batch.groups = [

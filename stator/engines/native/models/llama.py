@@ -58,6 +58,14 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.project(positions, x)
+        return self.o_proj(self.attend(q, k, v).flatten(1))
+
+    def project(
+        self, positions: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k, v [T, Hkv, D] after RoPE, with k and v stored in the cache:
+        everything before attention proper (piecewise graphs capture it, `piecewise.py`)."""
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -66,10 +74,23 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         self.backend.store(k, v, self.k_cache, self.v_cache)
-        out = self.backend.attend(
-            q, k, v, self.k_cache, self.v_cache, self.scale, window=self.window, sinks=self.sinks
+        return q, k, v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[T, Hq, D]: attention over the cache (into `out` when given)."""
+        return self.backend.attend(
+            q,
+            k,
+            v,
+            self.k_cache,
+            self.v_cache,
+            self.scale,
+            window=self.window,
+            sinks=self.sinks,
+            out=out,
         )
-        return self.o_proj(out.flatten(1))
 
 
 class DecoderLayer(nn.Module):
@@ -130,6 +151,9 @@ class LlamaForCausalLM(nn.Module):
     o_bias: bool | None = None
     qk_norm = False
     supports_prompt_embeds = True
+    # Mixed steps may run as piecewise CUDA graphs (`piecewise.py`): a dense MLP, nothing
+    # with a host sync or a data-dependent shape between two attentions.
+    piecewise_graphs = True
 
     #: checkpoint module name -> (fused module name, shard)
     packed_modules = {

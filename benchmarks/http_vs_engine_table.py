@@ -1,0 +1,63 @@
+"""The table `native_gpu_http_vs_engine.py` prints: each profile's floor, the engine alone
+(and its variants), each HTTP variant, with ratios to the engine and to the floor."""
+
+from __future__ import annotations
+
+
+def print_table(res: dict, profiles: list[str], variants: list[str], concurrency: int) -> None:
+    rates = res["rates"]
+    eng = res.get("engine", {})
+    print(
+        f"\nmatmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s, copy "
+        f"{rates['copy_bytes_s'] / 1e12:.2f} TB/s; batch-1 decode "
+        f"{eng.get('b1_decode_tok_s', 0):.1f} tok/s; decode step at 256: "
+        f"{eng.get('step_ms_at_256', 0):.2f} ms"
+    )
+    engines = {"default": eng, **res.get("engine_variants", {})}
+    for name, r in engines.items():
+        mixed = {k: v for k, v in r.items() if k.startswith("mixed_step_ms_")}
+        if mixed:
+            shown = ", ".join(
+                f"{k.removeprefix('mixed_step_ms_').replace('_plus_', ' + ')}: {v:.2f} ms"
+                for k, v in mixed.items()
+            )
+            print(f"mixed steps, engine alone {name} (decodes + one new prompt): {shown}")
+            busy = {k: v for k, v in r.items() if k.startswith("gpu_busy_")}
+            print(f"  GPU busy over those steps: {busy}")
+    print(
+        "| profile | setup | output tok/s | / engine | / floor | ITL p50 ms | ITL / step | busiest CPU |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    step = eng.get("step_ms_at_256")
+    for profile in profiles:
+        fl = res["floor"][profile]["output_tok_s"]
+        print(f"| {profile} | floor | {fl:.0f} | | 1.00 | | | |")
+        modes = [
+            (f"{profile}", "all at once"),
+            (f"{profile}_closed_loop", f"{concurrency} in flight"),
+        ]
+        runs = [(label, eng[key]) for key, label in modes if key in eng]
+        # The reference: the engine alone's better mode.
+        e = max((r for _, r in runs), key=lambda r: r["output_tok_s"], default=None)
+        for name, v in res.get("engine_variants", {}).items():
+            if profile in v:
+                runs.append((f"{name}, all at once", v[profile]))
+        for label, r in runs:
+            print(
+                f"| {profile} | engine alone ({label}) | {r['output_tok_s']:.0f} | "
+                f"{r['output_tok_s'] / e['output_tok_s']:.2f} | {r['output_tok_s'] / fl:.2f} "
+                f"| | | {r['cpu_pct']:.0f}% |"
+            )
+        for name in variants:
+            h = res["http"].get(name, {}).get(profile)
+            if not h:
+                continue
+            busiest = max(h["cpu_pct"].items(), key=lambda kv: kv[1], default=("-", 0))
+            vs = f"{h['output_tok_s'] / e['output_tok_s']:.2f}" if e else "-"
+            itl = h["itl_p50_ms"] or 0
+            ratio = f"{itl / step:.2f}" if step else "-"
+            print(
+                f"| {profile} | HTTP {name} ({h['ok']} ok, {h['failed']} failed) | "
+                f"{h['output_tok_s']:.0f} | {vs} | {h['output_tok_s'] / fl:.2f} | {itl:.1f} | "
+                f"{ratio} | {busiest[0]} {busiest[1]:.0f}% |"
+            )
