@@ -98,17 +98,28 @@ def timed(fn, n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
-# Streaming kernels: mxfp4 (BLOCK_N, groups of 32 per step, warps); bf16 (BLOCK_N, BLOCK_K,
-# warps). Grouped GEMMs: (MXFP4 mode, (tile M, N, K, warps, stages)); "words" tiles need
-# K >= 128 (fused_moe.WORD_CONFIGS), the others K dividing 2,880 (fused_moe.CONFIGS).
+# Streaming kernels: (path, (BLOCK_N, groups of 32 per step, warps)) for mxfp4, "half2" the
+# fp16-pair dots (moe_half2.py), "mxfp4" the float32 ones; bf16 (BLOCK_N, BLOCK_K, warps).
+# Grouped GEMMs: (MXFP4 mode, (tile M, N, K, warps, stages)); "words" tiles need K >= 128
+# (fused_moe.WORD_CONFIGS), the others K dividing 2,880 (fused_moe.CONFIGS).
 GEMV_SWEEP = {
-    "mxfp4": [(4, 16, 4), (2, 16, 4), (8, 16, 4), (4, 8, 4)],
+    "mxfp4": [
+        ("mxfp4", (2, 16, 4)),
+        ("half2", (2, 16, 4)),
+        ("half2", (4, 16, 4)),
+        ("half2", (1, 16, 4)),
+        ("half2", (2, 32, 4)),
+        ("half2", (2, 8, 4)),
+        ("half2", (4, 16, 8)),
+    ],
     "bf16": [(8, 256, 4), (4, 256, 4)],
 }
 GEMM_SWEEP = {
     64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3))],
     256: [("words", (32, 128, 128, 4, 3)), ("words", (32, 64, 128, 4, 3)),
-          ("scaled", (32, 128, 64, 4, 3)), ("scaled", (64, 128, 64, 4, 3))],
+          ("scaled", (32, 128, 64, 4, 3)), ("scaled", (64, 128, 64, 4, 3)),
+          ("scaled", (64, 64, 64, 4, 3)), ("scaled", (64, 128, 128, 8, 3)),
+          ("words", (64, 64, 128, 4, 3))],
 }  # fmt: skip
 
 
@@ -173,7 +184,12 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
         return check
 
     def gemv_cfg(cfg):
-        moe_gemv.CONFIG[mode] = cfg
+        if packed:
+            path, tile = cfg
+            moe_gemv.HALF2 = path == "half2"
+            moe_gemv.CONFIG[path] = tile
+        else:
+            moe_gemv.CONFIG[mode] = cfg
 
     times, best = _sweep(gemv_cfg, GEMV_SWEEP[mode], lambda: moe(xs[1]), 50, checker(xs[1]))
     res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
@@ -187,7 +203,8 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
 
         def gemm_cfg(cfg, pairs=pairs):
             fm.MXFP4_GEMM, tile = cfg
-            table = fm.WORD_CONFIGS if fm.MXFP4_GEMM == "words" else fm.CONFIGS
+            tables = {"words": fm.WORD_CONFIGS, "scaled": fm.SCALED_CONFIGS}
+            table = tables.get(fm.MXFP4_GEMM, fm.CONFIGS)
             slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
             table[slot] = (table[slot][0], tile)
 
@@ -225,8 +242,9 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     for tokens in (1, 2, 4, 8, 16, 64, 256):
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         res["by_batch_us"][tokens] = round(graph_timed(lambda x=x: moe(x), 20) * 1e6, 1)
-    res["installed"] = {"gemv": moe_gemv.CONFIG[mode], "mxfp4_gemm": fm.MXFP4_GEMM,
+    res["installed"] = {"gemv": moe_gemv.CONFIG, "half2": moe_gemv.HALF2, "mxfp4_gemm": fm.MXFP4_GEMM,
                         "word_configs": fm.WORD_CONFIGS, "configs": fm.CONFIGS,
+                        "scaled_configs": fm.SCALED_CONFIGS,
                         "gemv_max_pairs": fm.GEMV_MAX_PAIRS, "min_pairs": moe_dequant.MIN_PAIRS}  # fmt: skip
     return res
 
@@ -253,6 +271,15 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
     res: dict = {"startup_s": round(time.perf_counter() - t0, 1),
                  "kv_blocks": core.blocks.num_blocks,
                  "weights_gib": round(torch.cuda.memory_allocated() / 2**30, 1)}  # fmt: skip
+    # Which projections the split-K GEMV serves at batch <= 8 (kernels/gemv.py, chosen at
+    # start-up against cuBLAS, bias included), by weight shape.
+    from stator.engines.native.layers import Linear
+
+    res["gemv_choice"] = {
+        str(tuple(m.weight.shape)): str(m.gemv_config)
+        for m in core.runner.model.modules()
+        if isinstance(m, Linear)
+    }
     rng = random.Random(1)
     for trial in range(2):
         core.add_request(request(f"d{trial}", random_ids(rng, 32), 256))

@@ -70,9 +70,7 @@ class Linear(nn.Linear):
         if cfg is not None and x.dim() == 2 and x.shape[0] <= 8 and x.stride(1) == 1:
             from stator.engines.native.kernels.gemv import gemv
 
-            y = gemv(x, self.weight, cfg)
-            if self.bias is not None:
-                y = y + self.bias
+            y = gemv(x, self.weight, cfg, self.bias)
         else:
             y = super().forward(x)
         if pending is not None:

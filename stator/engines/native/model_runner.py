@@ -188,12 +188,13 @@ class ModelRunner:
         """Measure, per weight shape, whether the split-K GEMV beats cuBLAS at one row."""
         from stator.engines.native.kernels.gemv import choose
 
-        chosen: dict[tuple[int, int], object] = {}
+        chosen: dict[tuple, object] = {}
         for module in self.model.modules():
             if isinstance(module, Linear) and module.weight.is_contiguous():
-                shape = tuple(module.weight.shape)
+                # With a bias or without: the kernels add it (as cuBLAS does), so it counts.
+                shape = (*module.weight.shape, module.bias is not None)
                 if shape not in chosen:
-                    chosen[shape] = choose(module.weight)
+                    chosen[shape] = choose(module.weight, module.bias)
                 module.gemv_config = chosen[shape]
         log.info("split-K GEMV for batch <= 8: %s", chosen)
 

@@ -29,8 +29,12 @@ log = logging.getLogger("stator.engines.native.rank_worker")
 
 def exit_when_parent_is_gone() -> None:
     """Exit once stdin closes: the parent (rank 0, or the worker host of a core process)
-    holds the pipe's other end, so it closes when the parent stops or dies."""
-    while sys.stdin.buffer.read(1 << 16):
+    holds the pipe's other end, so it closes when the parent stops or dies.
+
+    It reads the raw descriptor, not `sys.stdin.buffer`: a daemon thread blocked inside the
+    buffered reader holds its lock, and the interpreter's shutdown then aborts with "Fatal
+    Python error: _enter_buffered_busy" when it flushes stdin."""
+    while os.read(sys.stdin.fileno(), 1 << 16):
         pass
     os._exit(0)  # the parent closed the pipe or died; a collective may be blocked: no cleanup
 

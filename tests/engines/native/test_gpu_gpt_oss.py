@@ -59,6 +59,25 @@ def test_fused_moe_matches_the_reference(packed, tokens):
     assert err < 2e-2, err
 
 
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("size", [1.0, 1e3, 1e-3])
+def test_half2_streaming_kernels_match_the_reference(monkeypatch, tokens, size):
+    """The fp16-pair dots (moe_half2.py, `fma.rn.f16x2`) as close to the reference as the
+    float32 ones, for activations of very different sizes (the per-token scale)."""
+    from stator.engines.native.kernels import moe_gemv
+
+    moe = _moe(True)
+    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16) * size
+    weights, ids = moe.route(x)
+    ref = moe._reference(x, weights, ids).float()
+    errors = {}
+    for half2 in (True, False):
+        monkeypatch.setattr(moe_gemv, "HALF2", half2)
+        ours = moe_gemv.moe_gemv(x, weights, ids, moe).float()
+        errors[half2] = float((ours - ref).norm() / ref.norm())
+    assert errors[True] < 1e-2 and errors[False] < 1e-2, errors
+
+
 @pytest.mark.parametrize("mode", ["words", "bytes", "scaled"])
 @pytest.mark.parametrize("tokens", [40, 300, 1500])
 def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):

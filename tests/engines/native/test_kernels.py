@@ -227,13 +227,17 @@ def test_silu_mul_matches_torch():
 @pytest.mark.parametrize(
     "shape", [(64, 128, 1, 4), (64, 128, 4, 4), (16, 256, 1, 8), (32, 128, 3, 8)]
 )
-def test_gemv_matches_linear(rows, shape):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_linear(rows, shape, with_bias):
     from stator.engines.native.kernels.gemv import GemvConfig, gemv
 
     weight = torch.randn(1000 + 7, 4096 + 64, device=DEV).bfloat16() * 0.02
+    bias = torch.randn(weight.shape[0], device=DEV).bfloat16() if with_bias else None
     x = torch.randn(rows, weight.shape[1], device=DEV).bfloat16()
-    ref = torch.nn.functional.linear(x.float(), weight.float())
-    out = gemv(x, weight, GemvConfig(*shape))
+    ref = torch.nn.functional.linear(
+        x.float(), weight.float(), None if bias is None else bias.float()
+    )
+    out = gemv(x, weight, GemvConfig(*shape), bias)
     assert out.shape == (rows, weight.shape[0])
     assert _rel_err(out, ref) < 1e-2
 

@@ -235,12 +235,21 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
 # only: it upcasts to bf16 on Hopper). None: by size, words up to WORDS_MAX_PAIRS (token,
 # expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
-# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 436 us words vs 530 scaled; 256
-# tokens 758 vs 739; 512 / 1,024 / 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against
-# words 1,754 / 2,687 / 4,800 and byte-wise 11,862 at 2,048.
+# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 414-436 us words vs 497-530 scaled;
+# 256 tokens 763 words vs 640 scaled with SCALED_CONFIGS' 64 x 64 tiles; 512 / 1,024 /
+# 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against words 1,754 / 2,687 / 4,800 and
+# byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
+# (scaled faster); it was not measured closer: 512 is the middle.
 MXFP4_GEMM: str | None = None
-WORDS_MAX_PAIRS = 1024
+WORDS_MAX_PAIRS = 512
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
+# The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
+# (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
+# (32, 128, 64, 4, 3) 838; above 1,024 pairs CONFIGS' large tile.
+SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (1024, (64, 64, 64, 4, 3)),
+    (1 << 62, (128, 128, 64, 8, 3)),
+]
 # The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
 # 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
 # byte-wise; 256 tokens 758 us with (32, 64, 128, 4, 3) vs 796-1,675 and 1,086 byte-wise.
@@ -253,7 +262,8 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 # Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
 # tensor-core tile of 16 rows would hold about one pair per expert. Same runs: 4 tokens
-# 153 us streaming vs 259 grouped, 8 tokens 281 vs 279.
+# 153 us streaming vs 259 grouped, 8 tokens 281 vs 279; with the fp16-pair streaming
+# kernels (session 3) 138 vs 242 and 248 vs 273.
 GEMV_MAX_PAIRS = 32
 
 
@@ -263,8 +273,9 @@ def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     return "words" if mode == "scaled" and dtype != torch.bfloat16 else mode
 
 
-def _config(pairs: int, hidden: int, inter: int, words: bool) -> tuple[int, int, int, int, int]:
-    table = WORD_CONFIGS if words else CONFIGS
+def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
+    words = mode == "words"
+    table = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
     block_m, block_n, block_k, warps, stages = next(c for n, c in table if pairs <= n)
     if words:  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
@@ -280,29 +291,46 @@ def uses_gemv(pairs: int) -> bool:
     return pairs <= GEMV_MAX_PAIRS
 
 
+def _expands(pairs: int, moe, allow_expand: bool) -> bool:
+    from stator.engines.native.kernels import moe_dequant
+
+    min_pairs = moe_dequant.MIN_PAIRS
+    return allow_expand and moe.packed and bool(min_pairs) and pairs >= min_pairs
+
+
+def takes_pairs(x: torch.Tensor, moe) -> bool:
+    """Whether fused_moe(x, ...) runs the streaming kernels on fp16 pairs of x
+    (moe_half2.py), which the router kernel can write (`moe_route.route(..., x)`)."""
+    from stator.engines.native.kernels.moe_gemv import uses_half2
+
+    pairs = x.shape[0] * moe.top_k
+    return not _expands(pairs, moe, True) and uses_gemv(pairs) and uses_half2(moe, x.dtype)
+
+
 def fused_moe(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True
-) -> torch.Tensor:
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True,
+    x_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
     """y [T, H] = sum over each token's k experts of weight * expert(x); `moe` is the
-    models.moe.MoE module holding this rank's experts."""
+    models.moe.MoE module holding this rank's experts. `x_pairs`: x as fp16 pairs already
+    (where `takes_pairs`)."""
     tokens, hidden = x.shape
     top_k, inter, local = ids.shape[1], moe.inter, moe.local
     pairs = tokens * top_k
-    if allow_expand and moe.packed:
+    if _expands(pairs, moe, allow_expand):
         from stator.engines.native.kernels import moe_dequant
 
-        if moe_dequant.MIN_PAIRS and pairs >= moe_dequant.MIN_PAIRS:
-            return moe_dequant.expanded_moe(x, weights, ids, moe)
+        return moe_dequant.expanded_moe(x, weights, ids, moe)
     if uses_gemv(pairs):
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
-        return moe_gemv(x, weights, ids, moe)
+        return moe_gemv(x, weights, ids, moe, x_pairs)
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = mode == "words"
-    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, words)
+    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
     sorted_ids, block_expert = moe_align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
     if words:

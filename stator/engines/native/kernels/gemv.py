@@ -28,6 +28,7 @@ MAX_ROWS = 8
 def _gemv_kernel(
     x_ptr,
     w_ptr,
+    b_ptr,
     part_ptr,
     y_ptr,
     M,
@@ -38,6 +39,7 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DIRECT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -62,11 +64,28 @@ def _gemv_kernel(
         acc += tl.dot(x, tl.trans(w))
     mask = (rows[:, None] < M) & col_ok[None, :]
     if DIRECT:  # one split: the final output, in its dtype
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         y = y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         out = part_ptr + (split * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
         tl.store(out, acc, mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLITS: tl.constexpr,
+                       BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """y = the splits' float32 partial sums summed (+ bias), in y's dtype: one launch where
+    `sum`, the cast and the bias took three."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < M * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(part_ptr + s * M * N + i, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + i % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + i, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @dataclass(frozen=True)
@@ -77,8 +96,10 @@ class GemvConfig:
     num_warps: int = 4
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Tensor:
-    """x [M <= 8, K] @ weight[N, K].T -> [M, N] in x's dtype."""
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M <= 8, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype."""
     m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
@@ -90,9 +111,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Ten
         y if direct else torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
     )
     grid = (triton.cdiv(n, config.block_n), config.split_k)
+    has_bias = bias is not None
     _gemv_kernel[grid](
         x,
         weight,
+        bias if has_bias else weight,
         parts,
         y,
         m,
@@ -103,10 +126,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, config: GemvConfig) -> torch.Ten
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         DIRECT=direct,
+        HAS_BIAS=has_bias,
         num_warps=config.num_warps,
         num_stages=4,
     )
-    return y if direct else parts.sum(0).to(x.dtype)
+    if not direct:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            parts, bias if has_bias else parts, y, m, n, SPLITS=config.split_k, BLOCK=block,
+            HAS_BIAS=has_bias, num_warps=4,
+        )  # fmt: skip
+    return y
 
 
 def _graph_time(fn, calls: int = 10, reps: int = 20) -> float:
@@ -142,22 +172,23 @@ def candidates(n: int, k: int, sms: int) -> list[GemvConfig]:
 
 
 @torch.no_grad()
-def choose(weight: torch.Tensor) -> GemvConfig | None:
-    """The fastest correct config for one row against `weight`, or None where cuBLAS is
-    at least as fast."""
+def choose(weight: torch.Tensor, bias: torch.Tensor | None = None) -> GemvConfig | None:
+    """The fastest correct config for one row against `weight` (and its bias, added in
+    the kernels as cuBLAS adds it in its epilogue), or None where cuBLAS is at least as
+    fast."""
     n, k = weight.shape
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
     x = torch.randn(1, k, device=weight.device, dtype=weight.dtype)
-    ref = torch.nn.functional.linear(x, weight).float()
-    best, best_ms = None, _graph_time(lambda: torch.nn.functional.linear(x, weight))
+    ref = torch.nn.functional.linear(x, weight, bias).float()
+    best, best_ms = None, _graph_time(lambda: torch.nn.functional.linear(x, weight, bias))
     for cfg in candidates(n, k, sms):
         try:
-            out = gemv(x, weight, cfg).float()
+            out = gemv(x, weight, cfg, bias).float()
             if not torch.isfinite(out).all():
                 continue
             if float((out - ref).norm() / ref.norm().clamp_min(1e-6)) > 1e-2:
                 continue
-            ms = _graph_time(lambda cfg=cfg: gemv(x, weight, cfg))
+            ms = _graph_time(lambda cfg=cfg: gemv(x, weight, cfg, bias))
         except Exception as exc:  # a config this GPU cannot compile: skip it
             log.debug("gemv config %s failed: %s", cfg, exc)
             continue

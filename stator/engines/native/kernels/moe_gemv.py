@@ -22,18 +22,32 @@ so for the down kernel; the word-wise grouped GEMMs (`fused_moe.py`) read the sa
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-# bf16: (BLOCK_N rows, BLOCK_K values per step, warps); mxfp4: (BLOCK_N rows, groups of 32
-# values per step, warps). H100, 20B, MXFP4, batch 1, one layer as a CUDA graph, router
-# included (benchmarks/gpt_oss_gpu.py, 2026-11-27): (2, 16, 4) 61.3 us; (4, 8, 4) 70.5,
-# (4, 16, 4) 71.1, (8, 16, 4) 72.9. The byte-wise predecessor of these kernels (one program
-# per pair, a scale gathered per byte, the k-sum apart) took 110 us. The kernels still run
-# at ~1 TB/s (up 31 us, down 19 us a layer): more rows per program is slower, so the next
-# step is more loads in flight per program, not more arithmetic savings. bf16: not swept.
-CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4)}
+from stator.engines.native.kernels.moe_half2 import (
+    e2m1_bits,
+    h_shift,
+    half2_dots,
+    half_pairs,
+    pair_index,
+)
+
+# bf16: (BLOCK_N rows, BLOCK_K values per step, warps); mxfp4 and half2 (the fp16-pair
+# dots, moe_half2.py): (BLOCK_N rows, groups of 32 values per step, warps). H100, 20B,
+# MXFP4, batch 1, one layer as a CUDA graph, router included (benchmarks/gpt_oss_gpu.py,
+# 2026-11-27, session 3): half2 (2, 8, 4) 45.0 us, (1, 16, 4) 46.8, (4, 16, 4) 50.6,
+# (2, 16, 4) 51.3, (2, 32, 4) 52.8, (4, 16, 8) 62.6; float32 dots (2, 16, 4) 59.9 (session
+# 2: 61.3, against (4, 8, 4) 70.5, (8, 16, 4) 72.9; the byte-wise kernels before: 110).
+# In the engine's batch-1 step the half2 kernels take up 21.6 us and down 15.4 us a layer
+# (1.6 and 1.2 TB/s): still short of the copy bandwidth. bf16: not swept.
+CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4), "half2": (2, 8, 4)}
+# Packed experts in a half-precision model take the fp16-pair path (moe_half2.py): None =
+# then; True = also in float32 models (tests); False = never.
+HALF2: bool | None = None
 
 
 def permute(x: torch.Tensor) -> torch.Tensor:
@@ -47,12 +61,9 @@ def permute(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def e2m1_pair(w, q: tl.constexpr):
-    """Values 8i + q and 8i + q + 4 of MXFP4 words w (uint32, values 8i..8i+7 of word i,
-    low nibble first) as float32 times 2^-14: nibble q of both 16-bit halves at once into
-    an fp16's bits, magnitude to bits 9-11 and sign to bit 15."""
-    mag = w & (0x00070007 << (4 * q))
-    mag = mag << (9 - 4 * q) if q < 3 else mag >> 3
-    bits = mag | ((w & (0x00080008 << (4 * q))) << (12 - 4 * q))
+    """Values 8i + q and 8i + q + 4 of MXFP4 words w as float32 times 2^-14
+    (moe_half2.e2m1_bits, each half converted)."""
+    bits = e2m1_bits(w, q)
     lo = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     hi = (bits >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
     return lo, hi
@@ -135,9 +146,11 @@ def _slots(ids_ptr, t, first, TOP_K: tl.constexpr, KP: tl.constexpr, LOCAL: tl.c
 
 @triton.jit
 def _up_kernel(
-    x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, out_ptr, first, stride_e, s_stride_e, alpha, limit,
+    x_ptr, inv_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, out_ptr, first, stride_e, s_stride_e, alpha,
+    limit, h_scale,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
     LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
+    HALF2: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,15 +162,20 @@ def _up_kernel(
         r = tl.arange(0, 2 * BLOCK_N)
         rows2 = tl.program_id(1) * BLOCK_N + r // 2 + (r % 2) * INTER
         ok2 = e_ok[:, None] & ((tl.program_id(1) * BLOCK_N + r // 2) < INTER)[None, :]
-        both = _packed_dots(x_ptr, t * HIDDEN, w_ptr, s_ptr, e * stride_e, e * s_stride_e,
-                            rows2, ok2, HIDDEN, 2 * BLOCK_N, BLOCK_K, KP, True)  # fmt: skip
+        if HALF2:  # x as fp16 pairs times 2^S (moe_half2.py), 2^-S at inv_ptr
+            both = half2_dots(x_ptr, t * (HIDDEN // 2), w_ptr, s_ptr, e * stride_e,
+                              e * s_stride_e, rows2, ok2, HIDDEN, 2 * BLOCK_N, BLOCK_K, KP, True,
+                              ASM) * tl.load(inv_ptr + t)  # fmt: skip
+        else:
+            both = _packed_dots(x_ptr, t * HIDDEN, w_ptr, s_ptr, e * stride_e, e * s_stride_e,
+                                rows2, ok2, HIDDEN, 2 * BLOCK_N, BLOCK_K, KP, True)  # fmt: skip
         gate, up = tl.split(tl.reshape(both, (KP, BLOCK_N, 2)))
     else:
         x_off = tl.zeros([KP], tl.int64) + t * HIDDEN
         gate = _plain_dots(x_ptr, x_off, w_ptr, e * stride_e, n, ok, HIDDEN, BLOCK_N, BLOCK_K, KP)
         up = _plain_dots(x_ptr, x_off, w_ptr, e * stride_e, n + INTER, ok, HIDDEN, BLOCK_N,
                          BLOCK_K, KP)  # fmt: skip
-    dtype = out_ptr.dtype.element_ty
+    dtype = b_ptr.dtype.element_ty  # the model's (out_ptr holds fp16 pairs with HALF2)
     b = b_ptr + e[:, None] * 2 * INTER + n[None, :]
     gate = gate + tl.load(b, mask=ok, other=0.0).to(tl.float32)
     up = up + tl.load(b + INTER, mask=ok, other=0.0).to(tl.float32)
@@ -166,16 +184,21 @@ def _up_kernel(
     h = (gate * tl.sigmoid(gate * alpha) * (up + 1.0)).to(dtype)
     row = (t * TOP_K + slot)[:, None] * INTER
     store_ok = (slot < TOP_K)[:, None] & n_ok[None, :]
-    # Packed: in the q-major order the down kernel's _packed_dots reads.
-    to = (n % 8) * (INTER // 8) + n // 8 if PACKED else n
-    tl.store(out_ptr + row + to[None, :], h, mask=store_ok)
+    if HALF2:  # as the down kernel's pairs, times 2^h_shift (bounded by the clamps)
+        hs = (h.to(tl.float32) * h_scale).to(tl.float16)
+        tl.store(out_ptr + row + pair_index(n, INTER)[None, :], hs, mask=store_ok)
+    else:  # packed: in the q-major order the down kernel's _packed_dots reads
+        to = (n % 8) * (INTER // 8) + n // 8 if PACKED else n
+        tl.store(out_ptr + row + to[None, :], h, mask=store_ok)
 
 
 @triton.jit
 def _down_kernel(
     h_ptr, ids_ptr, route_ptr, w_ptr, s_ptr, b_ptr, out_ptr, first, stride_e, s_stride_e,
+    h_inv,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
     LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACKED: tl.constexpr,
+    HALF2: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -183,7 +206,10 @@ def _down_kernel(
     slot, e_ok, e = _slots(ids_ptr, t, first, TOP_K, KP, LOCAL)
     ok = e_ok[:, None] & n_ok[None, :]
     h_off = (t * TOP_K + slot) * INTER
-    if PACKED:
+    if HALF2:
+        y = half2_dots(h_ptr, h_off // 2, w_ptr, s_ptr, e * stride_e, e * s_stride_e, n, ok,
+                       INTER, BLOCK_N, BLOCK_K, KP, False, ASM) * h_inv  # fmt: skip
+    elif PACKED:
         y = _packed_dots(h_ptr, h_off, w_ptr, s_ptr, e * stride_e, e * s_stride_e, n, ok,
                          INTER, BLOCK_N, BLOCK_K, KP, False)  # fmt: skip
     else:
@@ -198,37 +224,57 @@ def _down_kernel(
     tl.store(out_ptr + t * HIDDEN + n, y.to(dtype), mask=n_ok)
 
 
-def moe_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe) -> torch.Tensor:
-    """The same as fused_moe.fused_moe, for a few tokens."""
+def uses_half2(moe, dtype: torch.dtype) -> bool:
+    """Whether this layer's streaming kernels take the fp16-pair path (moe_half2.py)."""
+    if not moe.packed or HALF2 is False or h_shift(moe.alpha, moe.limit) is None:
+        return False
+    return HALF2 is True or dtype in (torch.bfloat16, torch.float16)
+
+
+def moe_gemv(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe,
+    x_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """The same as fused_moe.fused_moe, for a few tokens (`x_pairs`: see fused_moe)."""
     tokens, hidden = x.shape
     top_k, inter = ids.shape[1], moe.inter
     kp = triton.next_power_of_2(top_k)
-    block_n, block_k, warps = CONFIG["mxfp4" if moe.packed else "bf16"]
+    half2 = uses_half2(moe, x.dtype)
+    block_n, block_k, warps = CONFIG["half2" if half2 else "mxfp4" if moe.packed else "bf16"]
+    inv = x  # unused unless half2
+    act_dtype = torch.float16 if half2 else x.dtype
+    shift = h_shift(moe.alpha, moe.limit) if half2 else 0
     if moe.packed:
         w13 = moe.w13_blocks.view(torch.int32)
         w2 = moe.w2_blocks.view(torch.int32)
         s13, s2 = moe.w13_scales, moe.w2_scales
         st13 = (w13.stride(0), s13.stride(0))
         st2 = (w2.stride(0), s2.stride(0))
-        a = permute(x)
+        if half2:
+            a, inv = x_pairs if x_pairs is not None else half_pairs(x)
+        else:
+            a = permute(x)
     else:
         w13, w2 = moe.w13, moe.w2
         s13, s2 = w13, w2  # unused
         st13 = (w13.stride(0), 0)
         st2 = (w2.stride(0), 0)
         a = x.contiguous()
-    act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    act = torch.empty(tokens * top_k, inter, dtype=act_dtype, device=x.device)
     for w in (w13, w2, s13, s2):
         assert w.is_contiguous()
     flat_ids = ids.reshape(-1).contiguous()
+    asm = os.environ.get("TRITON_INTERPRET", "0") != "1"  # the interpreter has no PTX
     meta = dict(HIDDEN=hidden, INTER=inter, TOP_K=top_k, KP=kp, LOCAL=moe.local,
-                BLOCK_N=block_n, BLOCK_K=block_k, PACKED=moe.packed, num_warps=warps)  # fmt: skip
+                BLOCK_N=block_n, BLOCK_K=block_k, PACKED=moe.packed, HALF2=half2, ASM=asm,
+                num_warps=warps)  # fmt: skip
     _up_kernel[(tokens, triton.cdiv(inter, block_n))](
-        a, flat_ids, w13, s13, moe.b13, act, moe.first, *st13, moe.alpha, moe.limit, **meta
-    )
+        a, inv, flat_ids, w13, s13, moe.b13, act, moe.first, *st13, moe.alpha, moe.limit,
+        2.0**shift, **meta,
+    )  # fmt: skip
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
     _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
-        act, flat_ids, weights.reshape(-1).contiguous(), w2, s2, moe.b2, out, moe.first, *st2,
-        **meta,
+        act.view(torch.int32) if half2 else act, flat_ids, weights.reshape(-1).contiguous(), w2, s2, moe.b2, out, moe.first, *st2,
+        2.0**-shift, **meta,
     )  # fmt: skip
     return out

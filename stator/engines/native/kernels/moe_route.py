@@ -14,13 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels.moe_half2 import empty_pairs, write_pairs
+
 
 @triton.jit
 def _route_kernel(
-    logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l,
-    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
+    logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l, x_ptr, pairs_ptr, inv_ptr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, PAIRS: tl.constexpr,
+    HIDDEN: tl.constexpr, H_PAD: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
+    if PAIRS:  # the streaming kernels' fp16 pairs of x too (moe_half2.py): one launch less
+        write_pairs(x_ptr, pairs_ptr, inv_ptr, t, HIDDEN, H_PAD)
     es = tl.arange(0, E_PAD)
     e_ok = es < num_experts
     logits = tl.load(logits_ptr + t * stride_l + es, mask=e_ok, other=0.0).to(tl.float32)
@@ -41,15 +46,28 @@ def _route_kernel(
     tl.store(ids_ptr + t * TOP_K + slot, ids.to(tl.int64), mask=k_ok)
 
 
-def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, x: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
     """(routing weights [T, k] float32, expert ids [T, k] int64) of router logits [T, E]:
-    the same as torch.topk(logits, k) and a float32 softmax over those k."""
+    the same as torch.topk(logits, k) and a float32 softmax over those k. With x [T, H]:
+    then also x as moe_half2's pairs and their 2^-S (`moe_half2.half_pairs`)."""
     tokens, experts = logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.long, device=logits.device)
+    if x is None:
+        pairs = inv = x_in = logits  # unused
+        hidden = 0
+    else:
+        x_in = x.contiguous()
+        pairs, inv = empty_pairs(x_in)
+        hidden = x_in.shape[1]
     _route_kernel[(tokens,)](
-        logits, weights, ids, experts, logits.stride(0),
+        logits, weights, ids, experts, logits.stride(0), x_in, pairs, inv,
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-        E_PAD=triton.next_power_of_2(experts), num_warps=1,
+        E_PAD=triton.next_power_of_2(experts), PAIRS=x is not None, HIDDEN=hidden,
+        H_PAD=triton.next_power_of_2(max(hidden, 1)), num_warps=1 if x is None else 4,
     )  # fmt: skip
-    return weights, ids
+    if x is None:
+        return weights, ids
+    return weights, ids, pairs.view(torch.int32), inv

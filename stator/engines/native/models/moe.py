@@ -65,12 +65,17 @@ class MoE(nn.Module):
         return torch.softmax(top.float(), dim=-1), ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(x)
         if x.is_cuda:
-            from stator.engines.native.kernels.fused_moe import fused_moe
+            from stator.engines.native.kernels import fused_moe as fm
+            from stator.engines.native.kernels.moe_route import route
 
-            y = fused_moe(x, weights, ids, self)
+            # The router kernel also writes x as the streaming kernels' fp16 pairs, where
+            # they take them (decode of a few tokens): one launch less a layer.
+            pairs = fm.takes_pairs(x, self)
+            weights, ids, *x_pairs = route(self.router(x), self.top_k, x if pairs else None)
+            y = fm.fused_moe(x, weights, ids, self, x_pairs=tuple(x_pairs) if pairs else None)
         else:
+            weights, ids = self.route(x)
             y = self._reference(x, weights, ids)
         return parallel.all_reduce(y) if self.tp.size > 1 else y
 
