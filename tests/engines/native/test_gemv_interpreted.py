@@ -4,26 +4,12 @@ the kernel summing the splits."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from tests.engines.native.triton_interpreter import NUMPY2_INDEX_PATCH, run_interpreted
 
-import pytest
-
-_CHECK = r"""
+_CHECK = (
+    NUMPY2_INDEX_PATCH
+    + r"""
 import torch
-import triton.runtime.interpreter as _interp
-
-_patch = _interp._patch_lang_tensor
-
-
-def _patched(tensor, scope):  # numpy 2 refuses int() of the interpreter's 1-element scalars
-    _patch(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-_interp._patch_lang_tensor = _patched
-
 from stator.engines.native.kernels.gemv import GemvConfig, gemv
 
 torch.manual_seed(0)
@@ -38,12 +24,8 @@ for rows in (1, 3):
             assert torch.allclose(out, ref, atol=1e-5), (rows, cfg, b is None)
 print("ok")
 """
+)
 
 
 def test_gemv_with_and_without_bias_matches_linear_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECK], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_interpreted(_CHECK, timeout=300)

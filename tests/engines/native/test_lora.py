@@ -28,6 +28,7 @@ from tests.engines.native.models import (
     tokens_of,
 )
 from tests.engines.native.test_models import relative_error
+from tests.engines.native.triton_interpreter import run_interpreted
 
 pytest.importorskip("peft")
 
@@ -270,13 +271,4 @@ print("ok")
 
 def test_triton_lora_kernels_match_the_torch_path_in_the_interpreter():
     """The GPU kernels, run by Triton's interpreter on the CPU (where Triton is installed)."""
-    pytest.importorskip("triton")
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", _KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_interpreted(_KERNEL_CHECK, timeout=300)

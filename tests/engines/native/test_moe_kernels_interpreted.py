@@ -5,28 +5,14 @@ size that no 128-value step divides, another tensor-parallel rank's experts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from tests.engines.native.triton_interpreter import NUMPY2_INDEX_PATCH, run_interpreted
 
-import pytest
-
-_CHECK = r"""
+_CHECK = (
+    NUMPY2_INDEX_PATCH
+    + r"""
 import dataclasses
 
 import torch
-import triton.runtime.interpreter as _interp
-
-_patch = _interp._patch_lang_tensor
-
-
-def _patched(tensor, scope):  # numpy 2 refuses int() of the interpreter's 1-element scalars
-    _patch(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-
-_interp._patch_lang_tensor = _patched
-
 from stator.engines.native import mxfp4
 from stator.engines.native.config import ModelSpec
 from stator.engines.native.kernels import fused_moe as fm
@@ -113,12 +99,8 @@ with torch.no_grad():
         assert err < 1e-2, ("half2", experts, top_k, size, err)
 print("ok")
 """
+)
 
 
 def test_moe_kernels_match_the_reference_in_the_interpreter():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECK], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_interpreted(_CHECK, timeout=900)
