@@ -48,10 +48,16 @@ class DisaggServing:
         try:
             if plan.remote:
                 args = (disagg.transfer, disagg.prefill_request_id, plan.remote, plan.local)
-                if self.rank_agents:
-                    result = await rank_transfer.pull_all_ranks(self.agent, self.rank_agents, *args)
-                else:
-                    result = await self.agent.pull(*args)
+                self.transfers.begin()
+                try:
+                    if self.rank_agents:
+                        result = await rank_transfer.pull_all_ranks(
+                            self.agent, self.rank_agents, *args
+                        )
+                    else:
+                        result = await self.agent.pull(*args)
+                finally:
+                    self.transfers.end()
                 self.transfers.record(result)
                 log.debug(
                     "request %s: pulled %d blocks (%d cached here) by %s in %.2f ms",
