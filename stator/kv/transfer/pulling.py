@@ -156,9 +156,7 @@ class PullSide:
         # The pin check's round trip overlaps the copy. It runs while the copy does, so a
         # "pinned" answer means the blocks were pinned while they were read: a pin lasts
         # until this side releases it (or a timeout of tens of seconds), never a gap.
-        check = asyncio.ensure_future(
-            self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
-        )
+        check = asyncio.ensure_future(self._checked(transfer, pin, remote))
         try:
             copier = self._peer_copier(agent, src)
             moved = None
@@ -233,9 +231,7 @@ class PullSide:
                 raise nixl.NixlError(str(exc)) from exc
             await asyncio.to_thread(endpoint.add_peer, peer, answer["metadata"], info)
         # As for IPC: the pin check runs while the bytes move; "not pinned" discards them.
-        check = asyncio.ensure_future(
-            self._request(transfer, {"op": "acquire", "pin": pin, "blocks": remote})
-        )
+        check = asyncio.ensure_future(self._checked(transfer, pin, remote))
         started = time.perf_counter()
         try:
             try:
@@ -258,9 +254,17 @@ class PullSide:
     async def _pull_tcp(self, transfer, pin, remote, local, times: PullTimes) -> int:
         started = time.perf_counter()
         address = str(transfer.get("address"))
-        moved = await tcp.pull(self.pool, self._stream, address, pin, remote, local)
+        timeout = self.config.timeout
+        moved = await tcp.pull(self.pool, self._stream, address, pin, remote, local, timeout)
         times.copy_seconds += time.perf_counter() - started
         return moved
+
+    async def _checked(self, transfer: dict[str, Any], pin: str, remote: list[int]) -> dict:
+        """The pin check, given up after `timeout` seconds (a prefill worker that hangs
+        must not hold the pull, and the decode side's blocks, for good; past that long
+        the pin would have expired anyway)."""
+        message = {"op": "acquire", "pin": pin, "blocks": remote}
+        return await asyncio.wait_for(self._request(transfer, message), self.config.timeout)
 
     async def release(self, transfer: dict[str, Any], pin: str) -> None:
         """Tell the prefill side it may unpin (best effort: its timeout is the backstop)."""
