@@ -56,6 +56,16 @@ def lora_dir(llama_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def offline_vllm(tmp_path_factory):
+    """vLLM's offline `LLM.generate` in one child process for the session (offline.py)."""
+    from tests.engines.vllm.offline import OfflineVllm
+
+    offline = OfflineVllm(tmp_path_factory.mktemp("offline-vllm"))
+    yield offline
+    offline.close()
+
+
+@pytest.fixture(scope="session")
 def gpt_oss_harmony_dir(tmp_path_factory) -> Path:
     """Tiny GPT-OSS on the real o200k_harmony vocabulary (skips when it cannot be rebuilt)."""
     from tests.engines.vllm.harmony import harmony_tokenizer_json
@@ -65,18 +75,34 @@ def gpt_oss_harmony_dir(tmp_path_factory) -> Path:
     return make_gpt_oss_harmony(tmp_path_factory.mktemp("vllm-models") / "gpt-oss-h", tokenizer)
 
 
-@pytest.fixture
-def fleet(tmp_path):
-    """Stator processes for a test (tests/e2e/fleet.py), stopped the way vLLM wants."""
+@contextlib.contextmanager
+def stopped_gently(workdir: Path):
+    """Stator processes (tests/e2e/fleet.py), stopped the way vLLM wants at the end."""
     from tests.e2e.fleet import Fleet
 
-    f = Fleet(tmp_path)
-    yield f
-    # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
-    # vLLM's EngineCore and resource-tracker processes).
-    for proc in f.procs:
-        proc.signal(signal.SIGTERM)
-    for proc in f.procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(60)
-    f.close()
+    f = Fleet(workdir)
+    try:
+        yield f
+    finally:
+        # SIGTERM first: a vLLM worker then shuts its engine down (a SIGKILL would orphan
+        # vLLM's EngineCore and resource-tracker processes).
+        for proc in f.procs:
+            proc.signal(signal.SIGTERM)
+        for proc in f.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(60)
+        f.close()
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    """Stator processes for a test."""
+    with stopped_gently(tmp_path) as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def module_fleet(tmp_path_factory):
+    """Stator processes shared by a module's tests (a frontend they all use)."""
+    with stopped_gently(tmp_path_factory.mktemp("fleet")) as f:
+        yield f

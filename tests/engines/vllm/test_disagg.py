@@ -4,6 +4,8 @@ one request."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.engines.vllm.conftest import SKIP_REASON
@@ -48,21 +50,25 @@ def test_kv_transfer_params_both_ways():
 
 
 @pytest.mark.integration
-async def test_prefill_and_decode_halves_on_the_cpu_build(llama_dir, tmp_path):
+async def test_prefill_and_decode_halves_on_the_cpu_build(llama_dir, offline_vllm):
     args = {**TEST_ENGINE_ARGS}
     engines = []
     try:
-        for role in ("aggregated", "prefill", "decode"):
+        for role in ("prefill", "decode"):
             eng = create_engine(VllmConfig.make(dict(args)), str(llama_dir), "tiny")
             eng.role = role
             eng.worker_id = len(engines) + 1
             engines.append(eng)
         for eng in engines:
             await eng.start()
-        agg, prefill, decode = engines
+        prefill, decode = engines
         assert prefill.model_card().role == "prefill"
         req = greedy_request("r1", list(range(5, 70)), 6)
-        expected = tokens(await collect(agg.generate(req)))
+        # The request served whole: vLLM's offline generate (prompt embeddings on, as the
+        # other llama references ask, so that its child keeps one engine for them all).
+        expected = await asyncio.to_thread(
+            offline_vllm.greedy, llama_dir, req.token_ids, 6, prompt_embeds=True
+        )
         pre = await collect(prefill.generate(prefill_request(req)))
         final = pre[-1]
         assert final.finish_reason == "length" and final.disagg is not None

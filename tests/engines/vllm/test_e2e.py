@@ -1,9 +1,12 @@
 """End to end: `stator frontend` + two `stator worker --engine vllm` processes (file
-discovery, ZMQ event plane, KV router), driven with the openai SDK."""
+discovery, ZMQ event plane, KV router), driven with the openai SDK; at the end one
+worker's vLLM engine is killed: that worker exits non-zero and the other serves on."""
 
 from __future__ import annotations
 
 import base64
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,11 +16,11 @@ from tests.engines.vllm.conftest import SKIP_REASON
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 import openai
+import psutil
 import torch
 from tokenizers import Tokenizer
 
 from tests.e2e.fleet import live_instances, wait_until
-from tests.engines.vllm.helpers import offline_greedy_many
 from tests.engines.vllm.models import HIDDEN
 
 pytestmark = pytest.mark.integration
@@ -36,13 +39,13 @@ def b64_of(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
-def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path):
+def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, offline_vllm, tmp_path):
     discovery = f"file:{tmp_path / 'discovery'}"
     frontend, url = fleet.frontend(discovery, "zmq", "--router-mode", "kv")
     worker_args = [
         "worker", "--engine", "vllm", "--model", str(llama_dir), "--served-model-name", "tiny",
         "--discovery", discovery, "--event-plane", "zmq", "--discovery-ttl", "5", *VLLM_FLAGS,
-        "--enable-prompt-embeds",
+        "--enable-prompt-embeds", "--engine-monitor-interval", "0.5",
     ]  # fmt: skip
     workers = [fleet.start("worker", *worker_args) for _ in range(2)]
     procs = [frontend, *workers]
@@ -76,8 +79,8 @@ def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path
         model="tiny", prompt="", max_tokens=8, temperature=0,
         extra_body={"ignore_eos": True, "prompt_embeds": b64_of(embeds)},
     )  # fmt: skip
-    expected_ids, expected_from_embeds = offline_greedy_many(
-        llama_dir, [tokenizer.encode(prompt).ids, embeds], 8, tmp_path
+    expected_ids, expected_from_embeds = offline_vllm.greedy_many(
+        llama_dir, [tokenizer.encode(prompt).ids, embeds], 8
     )
     assert completion.choices[0].text == tokenizer.decode(expected_ids)
     assert len(completion.choices[0].logprobs.tokens) == 8
@@ -120,4 +123,20 @@ def test_openai_sdk_through_frontend_and_vllm_workers(fleet, llama_dir, tmp_path
             break
     stream.close()
     after = client.completions.create(model="tiny", prompt="x", max_tokens=2, temperature=0)
+    assert after.usage.completion_tokens == 2
+
+    # A worker whose vLLM engine dies exits non-zero (its engine monitor notices), and
+    # the frontend, once it is gone from discovery, serves from the other.
+    dying, survivor = workers
+    engine_procs = psutil.Process(dying.proc.pid).children(recursive=True)
+    assert engine_procs, "the worker started no vLLM engine process"
+    for child in engine_procs:
+        os.kill(child.pid, signal.SIGKILL)
+    rc = dying.wait(120)
+    assert rc != 0, dying.output()[-3000:]
+    assert "engine died" in dying.output()
+    wait_until(
+        lambda: len(live_instances(url, "tiny")) == 1, 60, "the dead worker gone", [survivor]
+    )
+    after = client.completions.create(model="tiny", prompt="y", max_tokens=2, temperature=0)
     assert after.usage.completion_tokens == 2

@@ -27,7 +27,6 @@ from tests.engines.vllm.helpers import (
     TEST_ENGINE_ARGS,
     collect,
     greedy_request,
-    offline_greedy,
     tokens,
 )
 from tests.engines.vllm.models import HIDDEN
@@ -93,7 +92,9 @@ async def test_card_has_vllm_real_sizes(engine):
         engine.kv_state()
 
 
-async def test_streams_deltas_identical_to_offline_generate(engine, llama_dir, prompt, tmp_path):
+async def test_streams_deltas_identical_to_offline_generate(
+    engine, llama_dir, prompt, offline_vllm
+):
     outputs = await collect(engine.generate(greedy_request("stream-1", prompt, max_tokens=12)))
     assert len(outputs) > 1, "expected a stream of deltas, not one output"
     assert all(o.finish_reason is None for o in outputs[:-1])
@@ -104,7 +105,10 @@ async def test_streams_deltas_identical_to_offline_generate(engine, llama_dir, p
     assert last.usage.completion_tokens == 12
     got = tokens(outputs)
     assert len(got) == 12
-    expected = await asyncio.to_thread(offline_greedy, llama_dir, prompt, 12, tmp_path)
+    # As the engine under test: prompt embeddings enabled (test_e2e's reference too).
+    expected = await asyncio.to_thread(
+        offline_vllm.greedy, llama_dir, prompt, 12, prompt_embeds=True
+    )
     assert got == expected
 
 

@@ -21,7 +21,6 @@ from tests.engines.vllm.helpers import (
     TEST_ENGINE_ARGS,
     collect,
     greedy_request,
-    offline_greedy,
     tokens,
 )
 
@@ -32,7 +31,7 @@ def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-async def test_qwen3_serves_then_dies_with_engine_dead(qwen3_dir, tmp_path):
+async def test_qwen3_serves_then_dies_with_engine_dead(qwen3_dir, offline_vllm):
     before = children()
     engine = create_engine(
         VllmConfig.make(
@@ -45,7 +44,7 @@ async def test_qwen3_serves_then_dies_with_engine_dead(qwen3_dir, tmp_path):
     try:
         out = await collect(engine.generate(greedy_request("q-1", [1, 20, 30, 40], max_tokens=6)))
         assert len(tokens(out)) == 6 and out[-1].finish_reason == "length"
-        offline = await asyncio.to_thread(offline_greedy, qwen3_dir, [1, 20, 30, 40], 6, tmp_path)
+        offline = await asyncio.to_thread(offline_vllm.greedy, qwen3_dir, [1, 20, 30, 40], 6)
         assert tokens(out) == offline
         await engine.health_check()
         urgent = greedy_request("q-prio", [1, 20, 30, 40], max_tokens=6)

@@ -12,7 +12,7 @@ from tests.engines.vllm.conftest import SKIP_REASON
 pytest.importorskip("vllm", reason=SKIP_REASON)
 
 from stator.engines.vllm import VllmConfig, create_engine
-from tests.engines.vllm.helpers import collect, greedy_request, offline_greedy, tokens
+from tests.engines.vllm.helpers import collect, greedy_request, tokens
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def gpt_oss_dir(tmp_path_factory):
     return make_gpt_oss(tmp_path_factory.mktemp("vllm-models") / "tiny-gpt-oss")
 
 
-async def test_gpt_oss_greedy_matches_offline(gpt_oss_dir, tmp_path):
+async def test_gpt_oss_greedy_matches_offline(gpt_oss_dir, offline_vllm):
     engine = create_engine(
         VllmConfig.make({"enforce_eager": True, "max_model_len": 1024, "dtype": "bfloat16"}),
         str(gpt_oss_dir),
@@ -39,7 +39,7 @@ async def test_gpt_oss_greedy_matches_offline(gpt_oss_dir, tmp_path):
         assert card.total_kv_blocks > 0 and card.kv_block_size > 0
     finally:
         await engine.shutdown()
-    offline = await asyncio.to_thread(offline_greedy, gpt_oss_dir, prompt, 10, tmp_path, "bfloat16")
+    offline = await asyncio.to_thread(offline_vllm.greedy, gpt_oss_dir, prompt, 10, "bfloat16")
     assert tokens(out) == offline
 
 

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from tests.engines.vllm.conftest import fleet  # noqa: F401
+from tests.engines.vllm.conftest import fleet, module_fleet  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -31,21 +31,30 @@ SCRIPT = (
 ANSWER = "<think>Greet back.</think>Hello there, friend!<|im_end|>"
 
 
-def start(fleet, tmp_path, *worker_args: str):
-    discovery = f"file:{tmp_path / 'discovery'}"
-    frontend, url = fleet.frontend(discovery, "zmq", "--processor", "vllm")
+@pytest.fixture(scope="module")
+def frontend(module_fleet, tmp_path_factory):
+    """One `stator frontend --processor vllm` for the module (it imports vLLM: seconds),
+    each test's worker serving its own model, on its own endpoint, behind it."""
+    discovery = f"file:{tmp_path_factory.mktemp('processor-e2e') / 'discovery'}"
+    proc, url = module_fleet.frontend(discovery, "zmq", "--processor", "vllm")
+    return module_fleet, proc, url, discovery
+
+
+def start(frontend, model: str, *worker_args: str):
+    fleet, proc, url, discovery = frontend
     worker = fleet.start(
-        "worker", "worker", "--served-model-name", "m", "--discovery", discovery,
-        "--event-plane", "zmq", "--discovery-ttl", "5", *PARSERS, *worker_args,
+        "worker", "worker", "--served-model-name", model, "--endpoint", f"{model}.generate",
+        "--discovery", discovery, "--event-plane", "zmq", "--discovery-ttl", "5", *PARSERS,
+        *worker_args,
     )  # fmt: skip
-    wait_until(lambda: len(live_instances(url, "m")) == 1, 600, "the worker", [frontend, worker])
+    wait_until(lambda: len(live_instances(url, model)) == 1, 600, "the worker", [proc, worker])
     return openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=300)
 
 
-def test_mocker_worker_behind_vllm_processor(fleet, tmp_path):
+def test_mocker_worker_behind_vllm_processor(frontend, tmp_path):
     model_dir = echo_model(tmp_path / "echo")
     client = start(
-        fleet, tmp_path, "--engine", "mocker", "--model", str(model_dir), "--output-mode", "echo"
+        frontend, "m", "--engine", "mocker", "--model", str(model_dir), "--output-mode", "echo"
     )
 
     # Reasoning and content, not streamed.
@@ -113,22 +122,22 @@ def test_mocker_worker_behind_vllm_processor(fleet, tmp_path):
     assert "truncate_prompt_tokens" in str(refused.value)
 
 
-def test_vllm_worker_behind_vllm_processor(fleet, tmp_path):
+def test_vllm_worker_behind_vllm_processor(frontend, tmp_path):
     model_dir = tools_model_with_weights(tmp_path / "llama-tools")
     client = start(
-        fleet, tmp_path, "--engine", "vllm", "--model", str(model_dir),
+        frontend, "v", "--engine", "vllm", "--model", str(model_dir),
         "--enforce-eager", "--max-model-len", "1024", "--dtype", "float32",
     )  # fmt: skip
     ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
     reply = client.chat.completions.create(
-        model="m", messages=ask, tools=[WEATHER], max_tokens=8, extra_body={"ignore_eos": True}
+        model="v", messages=ask, tools=[WEATHER], max_tokens=8, extra_body={"ignore_eos": True}
     )
     assert reply.usage.completion_tokens == 8
     assert reply.choices[0].finish_reason in ("length", "tool_calls")
 
     stream = client.chat.completions.create(
-        model="m",
+        model="v",
         messages=ask,
         max_tokens=8,
         stream=True,
@@ -147,7 +156,7 @@ def test_vllm_worker_behind_vllm_processor(fleet, tmp_path):
 
     # Thinking switched off through the template: all of it is content.
     reply = client.chat.completions.create(
-        model="m",
+        model="v",
         messages=ask,
         max_tokens=8,
         extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}},
