@@ -49,6 +49,7 @@ from http_vs_engine_table import print_table  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
 from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
+from step_profile import StepProfile, busiest_threads, gpu_busy, thread_cpu  # noqa: E402
 
 BUNDLED = REPO / "stator" / "models" / "tiny-chat"
 CONCURRENCY = 256
@@ -98,10 +99,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             stop=StopConditions(max_tokens=osl, ignore_eos=True),
         )
 
-    def drain() -> dict[str, list[float]]:
+    steps = StepProfile(core)
+
+    def drain(step=core.step) -> dict[str, list[float]]:
         times: dict[str, list[float]] = {}
         while core.has_work():
-            for rid, out in core.step():
+            for rid, out in step():
                 if out.token_ids:
                     times.setdefault(rid, []).append(time.perf_counter())
         return times
@@ -122,6 +125,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         return times
 
     def timed(run) -> dict:
+        threads = thread_cpu()
         start, c0 = time.perf_counter(), time.process_time()
         times = run()
         secs = time.perf_counter() - start
@@ -131,7 +135,17 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             "output_tokens": produced,
             "output_tok_s": produced / secs,
             "cpu_pct": 100 * (time.process_time() - c0) / secs,
+            "threads_cpu_pct": busiest_threads(threads, thread_cpu(), secs),
         }
+
+    def profiled_run(name: str) -> dict:
+        """Every request of the profile added at once, stepped until done, step by step."""
+        for i, (isl, osl) in enumerate(workload(args, name)):
+            core.add_request(req(f"{name}-{i}", isl, osl))
+        steps.records = []
+        out = timed(lambda: drain(steps.step))
+        out["steps"] = steps.summary()
+        return out
 
     ids = itertools.count()
 
@@ -171,10 +185,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         res[f"gpu_busy_{decodes}_plus_128"] = r
     print("MIXED " + json.dumps(res), flush=True)
     for name in args.profiles if args.profiles_only else ():
-        lengths = workload(args, name)
-        for r in [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]:
-            core.add_request(r)
-        res[name] = timed(drain)
+        res[name] = profiled_run(name)
     if args.profiles_only:
         print("ENGINE-ALONE " + json.dumps(res), flush=True)
         return
@@ -182,6 +193,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         core.add_request(req(f"b1-{trial}", 32, 256))
         t = drain()[f"b1-{trial}"]
     res["b1_decode_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
+    if args.device == "cuda":  # the kernels of 64 batch-1 decode steps
+        core.add_request(req("b1-kernels", 32, 70))
+        for _ in range(4):
+            core.step()
+        res["b1_kernels"] = gpu_busy(lambda: [core.step() for _ in range(64)])
+        drain()
     # The decode step at the batch cap, contexts ~ the heavy profile's prompts.
     for i in range(CONCURRENCY):
         core.add_request(req(f"s{i}", 600, 40))
@@ -195,13 +212,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     for _ in range(n):
         core.step()
     res["step_ms_at_256"] = 1e3 * (time.perf_counter() - start) / n
+    if args.device == "cuda":
+        res["step_256_kernels"] = gpu_busy(lambda: [core.step() for _ in range(8)])
     drain()
     for name in args.profiles:
         lengths = workload(args, name)
-        reqs = [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]
-        for r in reqs:
-            core.add_request(r)
-        res[name] = timed(drain)
+        res[name] = profiled_run(name)
         if not args.closed_loop:
             continue
         # The same requests, at most CONCURRENCY in the engine at once (as the HTTP load
@@ -209,33 +225,6 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         reqs = [req(f"{name}-c{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]
         res[f"{name}_closed_loop"] = timed(lambda reqs=reqs: closed_loop(reqs))
     print("ENGINE-ALONE " + json.dumps(res), flush=True)
-
-
-def gpu_busy(run) -> dict:
-    """The fraction of `run`'s span during which some kernel ran (torch.profiler): below 1,
-    the GPU waited for the host; and the kernels that took the most GPU time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
-    per_name: dict[str, float] = {}
-    for e in kernels:
-        per_name[e.name[:60]] = per_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us()
-    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:8]
-    return {
-        "busy": busy / (spans[-1][1] - spans[0][0]),
-        "kernels": len(kernels),
-        "top_ms": {name: round(us / 1e3, 2) for name, us in top},
-    }
 
 
 def engine_alone(
@@ -317,8 +306,11 @@ def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: P
         "ok": summary["successful_requests"],
         "failed": summary["failed_requests"],
         "output_tok_s": summary["output_token_throughput"]["avg"],
-        "itl_p50_ms": summary["inter_token_latency"].get("p50"),
-        "ttft_p50_ms": summary["time_to_first_token"].get("p50"),
+        # stator bench's (and aiperf's) ITL: each request's mean gap (TPOT); `gap_*`: every
+        # gap between two streamed chunks (vLLM bench's ITL: one token a chunk here).
+        **{f"itl_{p}_ms": summary["inter_token_latency"].get(p) for p in ("p50", "p90", "p99")},
+        **{f"gap_{p}_ms": summary["inter_chunk_latency"].get(p) for p in ("p50", "p90", "p99")},
+        **{f"ttft_{p}_ms": summary["time_to_first_token"].get(p) for p in ("p50", "p90", "p99")},
         "client_cpu_per_request": summary.get("client_cpu_per_request"),
         "cpu_pct": cpu,
     }

@@ -52,6 +52,13 @@ class NativeConfig:
     max_prefill_chunk: int = option(
         0, "Most prompt tokens one request may compute per step (0 = up to the step budget)"
     )
+    num_continuous_decode_steps: int = option(
+        1,
+        "Admit new prompts at most every N steps while sequences run (SGLang's flag): the "
+        "prompts that arrive meanwhile are prefilled in one step, so most steps are pure "
+        "decode steps (lower median ITL) at the cost of up to N - 1 steps more TTFT and a "
+        "larger step now and then; 1 = admit every step",
+    )
     max_model_len: int = option(0, "Context length (0 = the model's max_position_embeddings)")
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of earlier prompts")
     seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")
