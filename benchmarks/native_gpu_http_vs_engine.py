@@ -49,7 +49,13 @@ from http_vs_engine_table import print_table  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
 from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
-from step_profile import StepProfile, busiest_threads, gpu_busy, thread_cpu  # noqa: E402
+from step_profile import (  # noqa: E402
+    StepProfile,
+    busiest_threads,
+    gpu_busy,
+    host_profile,
+    thread_cpu,
+)
 
 BUNDLED = REPO / "stator" / "models" / "tiny-chat"
 CONCURRENCY = 256
@@ -149,10 +155,13 @@ def engine_alone_main(args: argparse.Namespace) -> None:
 
     ids = itertools.count()
 
-    def mixed_steps(decodes: int, prompt_len: int, n: int, profile: bool = False) -> dict:
+    def mixed_steps(
+        decodes: int, prompt_len: int, n: int, profile: bool = False, host: bool = False
+    ) -> dict:
         """Mean step with `decodes` sequences decoding and one new `prompt_len`-token prompt
         entering each step (it ends there: max_tokens 1): the launch-bound mixed step.
-        `profile`: also the GPU's busy fraction over the timed steps (`gpu_busy`)."""
+        `profile`: also the GPU's busy fraction over the timed steps (`gpu_busy`); `host`:
+        where the host's time goes over them (`host_profile`)."""
         for _ in range(decodes):
             core.add_request(req(f"m{next(ids)}", 64, 10 * n))
         while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
@@ -174,6 +183,11 @@ def engine_alone_main(args: argparse.Namespace) -> None:
                 out.update(gpu_busy(lambda: run(n)))
             except Exception as exc:  # the profiler's API moves between torch versions
                 out["error"] = repr(exc)
+        if host:
+            try:
+                out["host"] = host_profile(lambda: run(n))
+            except Exception as exc:
+                out["host_error"] = repr(exc)
         drain()
         return out
 
@@ -183,6 +197,13 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         r = mixed_steps(decodes, 128, 30, profile=args.device == "cuda")
         res[f"mixed_step_ms_{decodes}_plus_128"] = r.pop("ms")
         res[f"gpu_busy_{decodes}_plus_128"] = r
+    if args.device == "cuda":
+        # Mixed steps at the batch cap: run as pieces (240 + 256 tokens) and eagerly (240 +
+        # 600, past --piecewise-max-tokens), and where the host's time goes in each.
+        for decodes, prompt_len in ((240, 256), (240, 600)):
+            r = mixed_steps(decodes, prompt_len, 12, profile=True, host=True)
+            res[f"mixed_step_ms_{decodes}_plus_{prompt_len}"] = r.pop("ms")
+            res[f"gpu_busy_{decodes}_plus_{prompt_len}"] = r
     print("MIXED " + json.dumps(res), flush=True)
     for name in args.profiles if args.profiles_only else ():
         res[name] = profiled_run(name)
@@ -228,10 +249,14 @@ def engine_alone_main(args: argparse.Namespace) -> None:
 
 
 def engine_alone(
-    args: argparse.Namespace, log: Path, config: str = "{}", profiles_only: bool = False
+    args: argparse.Namespace,
+    log: Path,
+    config: str = "{}",
+    profiles_only: bool = False,
+    profiles: list[str] | None = None,
 ) -> dict:
     cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
-    cmd += ["--num-requests", str(args.num_requests), "--profiles", *args.profiles]
+    cmd += ["--num-requests", str(args.num_requests), "--profiles", *(profiles or args.profiles)]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--closed-loop"] if args.closed_loop else []
     cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
@@ -341,6 +366,13 @@ def main() -> None:
         help="NAME=JSON: also time the engine alone with these NativeConfig fields (e.g. "
         'eager_mixed={"cudagraph_mode": "full_decode_only"}), both profiles, all at once',
     )
+    ap.add_argument(
+        "--engine-profiles",
+        nargs="+",
+        choices=list(PROFILES),
+        help="the profiles the engine alone and its variants run (default: --profiles)",
+    )
+    ap.add_argument("--skip-http", action="store_true", help="the engine alone only")
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
@@ -362,15 +394,15 @@ def main() -> None:
         name: floor(workload(args, name), cfg, res["rates"], CONCURRENCY) for name in args.profiles
     }
     if not args.skip_engine:
-        res["engine"] = engine_alone(args, out / "engine_alone.log")
+        res["engine"] = engine_alone(args, out / "engine_alone.log", profiles=args.engine_profiles)
         print("engine alone:", json.dumps(res["engine"]), flush=True)
     for name, config in (v.partition("=")[::2] for v in args.engine_variant):
         log = out / f"engine_alone_{name}.log"
-        r = engine_alone(args, log, config, profiles_only=True)
+        r = engine_alone(args, log, config, profiles_only=True, profiles=args.engine_profiles)
         res.setdefault("engine_variants", {})[name] = r
         print(f"engine alone {name}:", json.dumps(r), flush=True)
         (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
-    for name, flags in variants:
+    for name, flags in [] if args.skip_http else variants:
         proc, url = start_server(args, mdir, shlex.split(flags), out / f"server_{name}.log")
         try:
             for profile in args.profiles:

@@ -91,10 +91,13 @@ class StepProfile:
 def _group(recs: list[dict]) -> dict:
     secs = sum(r["wall"] for r in recs)
     steps = len(recs)
+    walls = sorted(r["wall"] for r in recs)
     return {
         "steps": steps,
         "seconds": round(secs, 3),
         "ms_per_step": round(1e3 * secs / steps, 3) if steps else 0.0,
+        "ms_p50": round(1e3 * walls[len(walls) // 2], 3) if steps else 0.0,
+        "ms_max": round(1e3 * walls[-1], 3) if steps else 0.0,
         "device_wait_ms": round(1e3 * sum(r["wait"] for r in recs) / steps, 3) if steps else 0.0,
         "mean_seqs": round(sum(r["seqs"] for r in recs) / steps, 1) if steps else 0.0,
         "mean_tokens": round(sum(r["tokens"] for r in recs) / steps, 1) if steps else 0.0,
@@ -150,3 +153,40 @@ def gpu_busy(run) -> dict:
         "kernels": len(kernels),
         "top_ms": {name: round(us / 1e3, 2) for name, us in top},
     }
+
+
+def host_profile(run) -> dict:
+    """Where the host's time goes over `run` (a few steps): torch.profiler's CPU-side ops
+    by self time (CUDA runtime calls included, so a synchronize or a pageable copy that
+    waits for the device shows here), then, over a second `run`, cProfile's Python
+    functions by own time."""
+    import cProfile
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    ops = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+    out: dict = {
+        "torch_self_cpu_ms": {
+            f"{e.key[:60]} x{e.count}": round(e.self_cpu_time_total / 1e3, 2) for e in ops
+        }
+    }
+    python = cProfile.Profile()
+    python.enable()
+    run()
+    if cuda:
+        torch.cuda.synchronize()
+    python.disable()
+    rows = sorted(pstats.Stats(python).stats.items(), key=lambda kv: -kv[1][2])[:20]
+    out["python_tottime_ms"] = {
+        f"{name} ({Path(file).name}:{line}) x{calls[1]}": round(1e3 * calls[2], 2)
+        for (file, line, name), calls in rows
+    }
+    return out
