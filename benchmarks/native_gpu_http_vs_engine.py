@@ -198,8 +198,9 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         res[f"mixed_step_ms_{decodes}_plus_128"] = r.pop("ms")
         res[f"gpu_busy_{decodes}_plus_128"] = r
     if args.device == "cuda":
-        # Mixed steps at the batch cap: run as pieces (240 + 256 tokens) and eagerly (240 +
-        # 600, past --piecewise-max-tokens), and where the host's time goes in each.
+        # Mixed steps at the batch cap (496 and 840 tokens: pieces by default, eager with
+        # full_decode_only or a lower --piecewise-max-tokens), and where the host's time
+        # goes in each.
         for decodes, prompt_len in ((240, 256), (240, 600)):
             r = mixed_steps(decodes, prompt_len, 12, profile=True, host=True)
             res[f"mixed_step_ms_{decodes}_plus_{prompt_len}"] = r.pop("ms")

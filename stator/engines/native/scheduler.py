@@ -8,11 +8,12 @@ admitted one is preempted: its blocks are freed and it is recomputed later (its 
 full blocks usually survive in the prefix cache, which makes the recompute cheap).
 
 `num_continuous_decode_steps` N > 1 (SGLang's flag) admits new prompts at most every N
-steps while sequences are running: the oldest waiting prompt sits out up to N - 1 steps,
-and the prompts that arrived meanwhile are prefilled together. Most steps are then pure
-decode steps, at the price of a larger step now and then and a later first token. Prompts
-left waiting by the budget, `max_num_seqs` or memory (a backlog, not a gap in arrivals)
-are admitted as before, every step.
+steps while sequences decode: the oldest waiting prompt sits out up to N - 1 steps, and
+the prompts that arrived meanwhile are prefilled together. Most steps are then pure decode
+steps, at the price of a larger step now and then and a later first token. Prompts left
+waiting by the budget, `max_num_seqs` or memory (a backlog, not a gap in arrivals) are
+admitted as before, every step, and so is any prompt while nothing decodes (an idle
+engine, a prefill worker's chunked prompts).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Scheduler:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if num_continuous_decode_steps < 1:
             raise ValueError(
-                f"--num-continuous-decode-steps must be at least 1, got {num_continuous_decode_steps}"
+                "--num-continuous-decode-steps must be 1 or more (0: auto), got "
+                f"{num_continuous_decode_steps}"
             )
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
@@ -156,16 +158,16 @@ class Scheduler:
         return batch
 
     def _admitting(self) -> bool:
-        """Whether this step may admit waiting sequences: always with nothing running (the
-        device would idle), else once the oldest has waited N - 1 steps (see the module)."""
-        if not self.waiting or not self.running or self.num_continuous_decode_steps == 1:
-            return True
-        if self._backlog:
+        """Whether this step may admit waiting sequences: once the oldest has sat out N - 1
+        steps, or while nothing decodes (see the module)."""
+        if not self.waiting or self.num_continuous_decode_steps == 1 or self._backlog:
             return True
         head = self.waiting[0]
         if head.block_ids:
             return True  # its prompt KV was pulled from a prefill worker: nothing to group
-        return self.num_steps - head.queued_at_step >= self.num_continuous_decode_steps
+        if self.num_steps - head.queued_at_step >= self.num_continuous_decode_steps:
+            return True
+        return not any(s.num_computed_tokens >= s.num_prompt_tokens for s in self.running)
 
     def _running_adapters(self) -> set[int] | None:
         if not self.max_loras:

@@ -91,6 +91,7 @@ def test_forced_preemption_recomputes_the_same_tokens(setup):
 
 def test_continuous_decode_steps_delay_a_prompt_not_its_tokens(setup):
     model_dir, target, alone = setup
+    assert core_for(model_dir).scheduler.num_continuous_decode_steps == 1  # auto, on the CPU
     core = core_for(model_dir, num_continuous_decode_steps=4)
     core.add_request(greedy_request("n", prompt(14, 9), 40))
     core.step()  # n prefills alone

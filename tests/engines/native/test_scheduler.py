@@ -183,9 +183,19 @@ def test_continuous_decode_steps_keep_admitting_a_backlog_cut_by_the_budget():
     assert ids(batch) == [("a", 1), ("b", 2), ("c", 6)]
 
 
-def test_continuous_decode_steps_must_be_positive():
+def test_continuous_decode_steps_admit_at_once_while_nothing_decodes():
+    # A prefill worker's steps: chunked prompts only, nothing to protect from a prefill.
+    sched = make(num_continuous_decode_steps=4, max_num_batched_tokens=16)
+    sched.add(seq("a", 20))
+    advance(sched, sched.schedule())
+    sched.add(seq("b", 4))
+    assert ids(sched.schedule()) == [("a", 4), ("b", 4)]
+
+
+@pytest.mark.parametrize("steps", [0, -1])
+def test_continuous_decode_steps_must_be_positive(steps):
     with pytest.raises(ValueError, match="num-continuous-decode-steps"):
-        make(num_continuous_decode_steps=0)
+        make(num_continuous_decode_steps=steps)
 
 
 def test_continuous_decode_steps_gate_arrivals_again_once_the_backlog_is_in():
