@@ -28,7 +28,6 @@ decodes plus one new 128-token prompt each step) with the GPU's busy fraction ov
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -47,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_vs_engine_table import print_table  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
-from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
+from stator_http import BUNDLED, CONCURRENCY, http_bench, start_server  # noqa: E402
 from step_profile import (  # noqa: E402
     StepProfile,
     busiest_threads,
@@ -56,9 +55,6 @@ from step_profile import (  # noqa: E402
     host_profile,
     thread_cpu,
 )
-
-BUNDLED = REPO / "stator" / "models" / "tiny-chat"
-CONCURRENCY = 256
 
 
 def workload(args: argparse.Namespace, profile: str) -> list[tuple[int, int]]:
@@ -270,78 +266,6 @@ def engine_alone(
     return json.loads(m.group(1))
 
 
-# -- the server through HTTP ---------------------------------------------------------------
-
-
-def start_server(args: argparse.Namespace, mdir: Path, extra: list[str], log: Path):
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--device", args.device]
-    cmd += ["--model", str(mdir), "--max-num-seqs", str(CONCURRENCY)]
-    if not args.tiny:
-        cmd += ["--load-format", "dummy", "--dtype", "bfloat16"]
-    handle = log.open("wb")
-    proc = subprocess.Popen(cmd + extra, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        m = re.search(r"at (http://\S+)/v1", text)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            raise RuntimeError(f"stator run exited:\n{text[-3000:]}")
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError(log.read_text(errors="replace")[-3000:])
-
-
-def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path) -> dict:
-    from stator.bench.config import BenchConfig
-    from stator.bench.runner import run_benchmark
-
-    trace = tmp / "trace.jsonl"
-    with trace.open("w") as f:
-        for i, (isl, osl) in enumerate(lengths):  # a block id per request: no shared prefix
-            f.write(
-                json.dumps(
-                    {"timestamp": 0, "input_length": isl, "output_length": osl, "hash_ids": [i]}
-                )
-                + "\n"
-            )
-    cfg = BenchConfig(
-        url=url,
-        endpoint="completions",
-        tokenizer=str(BUNDLED),
-        trace=str(trace),
-        trace_block_size=1 << 20,
-        max_concurrency=CONCURRENCY,
-        num_requests=len(lengths),
-        warmup=8,
-        progress=False,
-        plots=False,
-    )
-    pids = process_tree(server_pid)
-    before, t0 = cpu_seconds(pids), time.perf_counter()
-    summary = asyncio.run(run_benchmark(cfg)).points[0].summary
-    after, wall = cpu_seconds(pids), time.perf_counter() - t0
-    cpu = {
-        f"{process_name(p)} ({p})": 100 * (after[p] - before[p]) / wall
-        for p in after
-        if p in before
-    }
-    return {
-        "ok": summary["successful_requests"],
-        "failed": summary["failed_requests"],
-        "output_tok_s": summary["output_token_throughput"]["avg"],
-        # stator bench's (and aiperf's) ITL: each request's mean gap (TPOT); `gap_*`: every
-        # gap between two streamed chunks (vLLM bench's ITL: one token a chunk here).
-        **{f"itl_{p}_ms": summary["inter_token_latency"].get(p) for p in ("p50", "p90", "p99")},
-        **{f"gap_{p}_ms": summary["inter_chunk_latency"].get(p) for p in ("p50", "p90", "p99")},
-        **{f"ttft_{p}_ms": summary["time_to_first_token"].get(p) for p in ("p50", "p90", "p99")},
-        "client_cpu_per_request": summary.get("client_cpu_per_request"),
-        "cpu_pct": cpu,
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -404,7 +328,8 @@ def main() -> None:
         print(f"engine alone {name}:", json.dumps(r), flush=True)
         (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
     for name, flags in [] if args.skip_http else variants:
-        proc, url = start_server(args, mdir, shlex.split(flags), out / f"server_{name}.log")
+        extra = shlex.split(flags)
+        proc, url = start_server(args.device, args.tiny, mdir, extra, out / f"server_{name}.log")
         try:
             for profile in args.profiles:
                 r = http_bench(url, workload(args, profile), proc.pid, tmp)
