@@ -78,10 +78,11 @@ def test_half2_streaming_kernels_match_the_reference(monkeypatch, tokens, size):
     assert errors[True] < 1e-2 and errors[False] < 1e-2, errors
 
 
-@pytest.mark.parametrize("mode", ["words", "bytes", "scaled"])
+@pytest.mark.parametrize("mode", ["words", "bytes", "scaled", "swapped", "swapped_bytes"])
 @pytest.mark.parametrize("tokens", [40, 300, 1500])
 def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
-    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled (expansion off)."""
+    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled, the last two also with
+    the weight as the left operand (expansion off)."""
     from stator.engines.native.kernels import fused_moe as fm
     from stator.engines.native.kernels import moe_dequant
 

@@ -1,7 +1,8 @@
 """GPT-OSS's MoE kernels (router, streaming decode kernels, grouped GEMMs byte- and
-word-wise, the expanded prefill path) run by Triton's interpreter on the CPU in float32,
-against the PyTorch reference, in tiny shapes: 5 or 6 experts, top-3 and top-4, a hidden
-size that no 128-value step divides, another tensor-parallel rank's experts."""
+word-wise, byte-wise with the weight as the left operand, the expanded prefill path) run by
+Triton's interpreter on the CPU in float32, against the PyTorch reference, in tiny shapes:
+5 or 6 experts, top-3 and top-4, a hidden size that no 128-value step divides, another
+tensor-parallel rank's experts."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ with torch.no_grad():
         xs = torch.randn(40, 96)  # grouped GEMMs: pairs above GEMV_MAX_PAIRS
         ws, is_ = moe.route(xs)
         ref = moe._reference(xs, ws, is_)
-        for mode in ("words", "bytes"):  # (tl.dot_scaled: no interpreter support)
+        # (tl.dot_scaled, "scaled" and "swapped": no interpreter support)
+        for mode in ("words", "bytes", "swapped_bytes"):
             fm.MXFP4_GEMM = mode
             close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
         if packed:

@@ -11,7 +11,8 @@ block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [
 the k pairs of a token are summed after (deterministic, no atomics).
 MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers:
 read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by Triton's
-`tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode) `moe_gemv.py`
+`tl.dot_scaled`, chosen by size (`mxfp4_mode`), the weight the right operand of the MMA
+or the left (`moe_swapped.py`); for a few pairs (decode) `moe_gemv.py`
 streams the weights, and large prefills expand them first (`moe_dequant.py`).
 """
 
@@ -233,21 +234,24 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 # How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
 # q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
-# only: it upcasts to bf16 on Hopper). None: by size, words up to WORDS_MAX_PAIRS (token,
+# only: it upcasts to bf16 on Hopper). None: by size from MODES, words up to 512 (token,
 # expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
 # (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 414-436 us words vs 497-530 scaled;
 # 256 tokens 763 words vs 640 scaled with SCALED_CONFIGS' 64 x 64 tiles; 512 / 1,024 /
 # 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against words 1,754 / 2,687 / 4,800 and
 # byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
 # (scaled faster); it was not measured closer: 512 is the middle.
+# "swapped" and "swapped_bytes": the same two with the weight as the MMA's left operand
+# (`moe_swapped.py`).
 MXFP4_GEMM: str | None = None
-WORDS_MAX_PAIRS = 512
+MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pairs, mode)
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
 # (32, 128, 64, 4, 3) 838; above 1,024 pairs CONFIGS' large tile.
 SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (64, 64, 64, 4, 3)),
+    (4096, (128, 128, 64, 8, 3)),
     (1 << 62, (128, 128, 64, 8, 3)),
 ]
 # The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
@@ -266,18 +270,35 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # kernels (session 3) 138 vs 242 and 248 vs 273.
 GEMV_MAX_PAIRS = 32
 
+# The table of the swapped modes (moe_swapped.py): BLOCK_M is the MMA's N (16 or more),
+# BLOCK_N its M (64 a warp group). Not yet measured against the others: a starting point
+# sized as SCALED_CONFIGS' winner.
+SWAPPED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (256, (16, 64, 64, 4, 3)),
+    (1024, (32, 64, 64, 4, 3)),
+    (4096, (64, 128, 64, 4, 3)),
+    (1 << 62, (64, 128, 64, 4, 3)),
+]
+
+
+def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
+    """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
+    if mode.startswith("swapped"):
+        return SWAPPED_CONFIGS
+    return {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
+
 
 def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
-    mode = MXFP4_GEMM or ("words" if pairs <= WORDS_MAX_PAIRS else "scaled")
-    return "words" if mode == "scaled" and dtype != torch.bfloat16 else mode
+    mode = MXFP4_GEMM or next(m for most, m in MODES if pairs <= most)
+    if dtype != torch.bfloat16:  # tl.dot_scaled takes bf16 activations
+        return {"scaled": "words", "swapped": "swapped_bytes"}.get(mode, mode)
+    return mode
 
 
 def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
-    words = mode == "words"
-    table = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
-    block_m, block_n, block_k, warps, stages = next(c for n, c in table if pairs <= n)
-    if words:  # masked: K need not divide by BLOCK_K
+    block_m, block_n, block_k, warps, stages = next(c for n, c in config_table(mode) if pairs <= n)
+    if mode in ("words", "swapped", "swapped_bytes"):  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
     while hidden % block_k or inter % block_k:
         block_k //= 2
@@ -332,6 +353,13 @@ def fused_moe(
     words = mode == "words"
     block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
     sorted_ids, block_expert = moe_align(local_ids, local, block_m)
+    if mode.startswith("swapped"):
+        from stator.engines.native.kernels.moe_swapped import grouped_moe
+
+        config = (block_m, block_n, block_k, warps, stages)
+        out = grouped_moe(x, weights, sorted_ids, block_expert, moe, top_k, config,
+                          scaled=mode == "swapped")  # fmt: skip
+        return out.view(tokens, top_k, hidden).sum(1)
     num_blocks = block_expert.shape[0]
     if words:
         from stator.engines.native.kernels.moe_gemv import permute
