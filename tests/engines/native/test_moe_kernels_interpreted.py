@@ -106,3 +106,28 @@ print("ok")
 
 def test_moe_kernels_match_the_reference_in_the_interpreter():
     run_interpreted(_CHECK, timeout=900)
+
+
+_ALIGN_CHECK = (
+    NUMPY2_INDEX_PATCH
+    + r"""
+import torch
+from stator.engines.native.kernels.moe_align import align, align_reference
+
+g = torch.Generator().manual_seed(0)
+# (pairs, local experts, block_m): more pairs than one chunk (256 at 32 experts), an expert
+# count that is no power of two, ids `local` (another rank's experts), one pair.
+for pairs, local, block_m in ((40, 5, 16), (1100, 32, 32), (300, 7, 64), (1, 4, 16)):
+    ids = torch.randint(0, local + 1, (pairs,), generator=g)
+    ids[: pairs // 3] = ids[0]  # one expert crowded
+    got, want = align(ids, local, block_m), align_reference(ids, local, block_m)
+    assert torch.equal(got[0], want[0]), (pairs, local, block_m, "sorted")
+    assert torch.equal(got[1], want[1]), (pairs, local, block_m, "blocks")
+print("ok")
+"""
+)
+
+
+def test_one_launch_alignment_equals_the_torch_ops_in_the_interpreter():
+    """moe_align.align against align_reference, element for element."""
+    run_interpreted(_ALIGN_CHECK, timeout=300)

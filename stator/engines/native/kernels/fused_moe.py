@@ -1,7 +1,7 @@
 """Fused mixture of experts on CUDA: sort the (token, expert) pairs by expert, then two
 grouped GEMMs over those groups, with experts in bf16 or packed MXFP4.
 
-Alignment (`moe_align`, torch ops, no host sync, so it runs inside CUDA graphs): the
+Alignment (`moe_align.py`, one launch, no host sync, so it runs inside CUDA graphs): the
 T * k pairs are sorted by local expert and each expert's run is padded to a multiple of
 BLOCK_M; `block_expert[b]` names the expert of the b-th BLOCK_M rows (`local` = none: the
 program exits). Pairs routed to another rank's experts are left out (their rows stay 0).
@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels.moe_align import align
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
 
 
@@ -190,35 +191,6 @@ def _moe_down_kernel(
     )
 
 
-def moe_align(
-    local_ids: torch.Tensor, local: int, block_m: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted pair ids [blocks * block_m], padded with num_pairs; expert of each block,
-    `local` past the last) for pair expert ids `local_ids` [T * k] in [0, local] (local:
-    another rank's expert). Shapes depend only on T * k, local and block_m."""
-    pairs = local_ids.numel()
-    dev = local_ids.device
-    num_blocks = triton.cdiv(pairs + local * (block_m - 1), block_m)
-    counts = torch.zeros(local + 1, dtype=torch.long, device=dev)
-    counts.scatter_add_(0, local_ids, torch.ones_like(local_ids))
-    padded = (counts[:local] + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    # [local + 1] each expert's first row; the last, the drop slot of other ranks' pairs.
-    # (Built on the device: a host scalar written into a tensor breaks graph capture.)
-    drop = ends.new_full((1,), num_blocks * block_m)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1], drop])
-    first_of = torch.cumsum(counts, 0) - counts  # each expert's first place in `order`
-    order = torch.sort(local_ids, stable=True).indices
-    expert = local_ids[order]
-    rank = torch.arange(pairs, device=dev) - first_of[expert]
-    place = starts[expert] + rank * (expert < local)
-    sorted_ids = torch.full((num_blocks * block_m + 1,), pairs, dtype=torch.long, device=dev)
-    sorted_ids.scatter_(0, place, order)
-    block_starts = torch.arange(num_blocks, device=dev) * block_m
-    block_expert = torch.searchsorted(ends, block_starts, right=True)
-    return sorted_ids[:-1], block_expert
-
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by the most (token, expert) pairs they serve.
 # Measured on H100, 20B shapes, MXFP4, one layer as a CUDA graph (benchmarks/gpt_oss_gpu.py,
 # 2026-11-27): 64 tokens 712-801 us with (16, 128, 64, 4, 3) vs 732-1,146 for the others
@@ -352,7 +324,7 @@ def fused_moe(
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = mode == "words"
     block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
-    sorted_ids, block_expert = moe_align(local_ids, local, block_m)
+    sorted_ids, block_expert = align(local_ids, local, block_m)
     if mode.startswith("swapped"):
         from stator.engines.native.kernels.moe_swapped import grouped_moe
 

@@ -1,7 +1,7 @@
 """The fused MoE's grouped GEMMs with the MXFP4 weight as the left operand ("swap AB"):
 each program computes acc [BLOCK_N, BLOCK_M] = W[n, :] @ X[pairs, :]^T for BLOCK_N weight
 rows of one expert and the BLOCK_M (token, expert) pairs of one of its row blocks
-(`fused_moe.moe_align`), then the same epilogues as `fused_moe.py` (biases, clamped SwiGLU;
+(`moe_align.align`), then the same epilogues as `fused_moe.py` (biases, clamped SwiGLU;
 routing weight) stored transposed back to [pairs, N].
 
 Why swap: on Hopper the tensor cores' wgmma takes its left operand from registers and its
@@ -159,7 +159,7 @@ def grouped_moe(
 ) -> torch.Tensor:  # fmt: skip
     """Per-pair outputs [T * k, H] (each times its routing weight; pairs of other ranks'
     experts 0 under tensor parallelism) of `moe`'s packed experts on x [T, H], the pairs
-    sorted by `fused_moe.moe_align` with BLOCK_M = config[0]."""
+    sorted by `moe_align.align` with BLOCK_M = config[0]."""
     block_m, block_n, block_k, warps, stages = config
     tokens, hidden = x.shape
     pairs, inter, local = tokens * top_k, moe.inter, moe.local

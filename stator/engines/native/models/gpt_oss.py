@@ -85,7 +85,7 @@ class SinkAttention(Attention):
 @register("GptOssForCausalLM")
 class GptOssForCausalLM(nn.Module):
     # Mixed steps may run as piecewise CUDA graphs (`piecewise.py`): on CUDA the router,
-    # the expert sort (`fused_moe.moe_align`) and the grouped GEMMs have no host sync and
+    # the expert sort (`moe_align.align`) and the grouped GEMMs have no host sync and
     # shapes fixed by the token count; attention (window, sinks) runs between the pieces.
     piecewise_graphs = True
     packed_modules = {
