@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -265,11 +266,14 @@ def engine_transfers(fleet: Fleet, rng: random.Random, reps: int) -> dict:
                 # where the pull's time went (PullResult.phases)
                 **{f"{p}_ms": (after.get(f"kv_transfer_{p}_seconds_total", 0)
                                - before.get(f"kv_transfer_{p}_seconds_total", 0)) * 1e3
-                   for p in ("hop", "launch", "device", "hop_back", "check_wait")},
+                   for p in ("hop", "launch", "device", "hop_back", "wait", "check_wait")},
             })  # fmt: skip
         best = max(rows, key=lambda r: r["pull_GBps"])
         out[str(n)] = {"best": best, "runs": rows}
         log(f"engine transfer {n} tokens: {best}")
+    for n, count in ((SIZES[0], 8), (SIZES[1], 3)):
+        out[f"burst_{count}x{n}"] = burst_transfers(fleet, rng, n, count)
+        log(f"engine burst {count} x {n} tokens: {out[f'burst_{count}x{n}']}")
     out["kinds"] = {
         k: v for k, v in fleet.metrics("decode").items() if k.startswith("kv_transfers_")
     }
@@ -278,6 +282,28 @@ def engine_transfers(fleet: Fleet, rng: random.Random, reps: int) -> dict:
         line for p in fleet.procs for line in p.output().splitlines() if "kernel failed" in line
     ]
     return out
+
+
+def burst_transfers(fleet: Fleet, rng: random.Random, n: int, count: int) -> dict:
+    """`count` prompts of `n` tokens sent at once (prefilled together, so their pulls
+    overlap on the decode side): bytes over the time with any pull in flight."""
+    prompts = [tokens(rng, n) for _ in range(count)]
+    before = fleet.metrics("decode")
+    with ThreadPoolExecutor(count) as pool:
+        list(pool.map(lambda p: complete(fleet.url, p, 2), prompts))
+    after = fleet.metrics("decode")
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    pulls, nbytes = delta("kv_transfers_total"), delta("kv_transfer_bytes_total")
+    busy, total = delta("kv_transfer_busy_seconds_total"), delta("kv_transfer_seconds_total")
+    return {
+        "pulls": pulls, "bytes": nbytes, "busy_ms": busy * 1e3, "sum_pull_ms": total * 1e3,
+        "mean_pull_ms": total / pulls * 1e3 if pulls else 0.0,
+        "busy_GBps": nbytes / busy / 1e9 if busy else 0.0,
+        "overlap": total / busy if busy else 0.0,
+    }  # fmt: skip
 
 
 async def mixed_workload(url: str, args, seed: int) -> dict:

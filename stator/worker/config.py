@@ -59,7 +59,7 @@ class WorkerConfig:
     kv_transfer_timeout: float = option(
         30.0,
         "Prefill role: seconds a prompt's KV stays pinned for the decode side before it is "
-        "released unasked",
+        "released unasked; decode role: seconds a pull waits on a quiet prefill worker",
     )
     reasoning_parser: str | None = option(None, "Reasoning parser the frontend should apply")
     tool_call_parser: str | None = option(None, "Tool-call parser the frontend should apply")

@@ -24,6 +24,7 @@ from stator.engines.native.core_metrics import core_metrics
 from stator.engines.native.engine_admin import LoraAndSleep
 from stator.engines.native.engine_core import EngineCore
 from stator.engines.native.engine_disagg import DisaggServing
+from stator.engines.native.kv_handoff import ImportPlan
 from stator.engines.native.models import model_class
 from stator.engines.native.native_card import CoreInfo, native_card
 from stator.kv.transfer.agent import KvTransferAgent
@@ -126,14 +127,22 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
             and disagg.prefill_worker_id is not None
             and bool(disagg.transfer)
         )
+        admitted: list[ImportPlan | None] = []  # set once the core has the request
+
+        def admit_to_core() -> ImportPlan | None:
+            plan = core.begin_import(request) if pulls else core.add_request(request)
+            admitted.append(plan)
+            return plan
+
         try:
-            if pulls:
-                plan = await self._between_steps(lambda: core.begin_import(request))
-            else:
-                plan = None
-                await self._between_steps(lambda: core.add_request(request))
+            plan = await self._between_steps(admit_to_core)
         except BaseException:
             self._streams.pop(rid, None)
+            if admitted:
+                # Cancelled after the core took it (the step that ran the admission ended
+                # as the cancel came: asyncio raised in place of the answer): nothing else
+                # would ever free its blocks, or end its pull's pin.
+                self._spawn(self._drop_admitted(rid, admitted[0], disagg if pulls else None))
             raise
         self._refresh_load()
         self._wakeup.set()
@@ -154,7 +163,9 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
         finally:
             if rid in self._streams:  # the caller stopped reading: free the request now
                 self._streams.pop(rid, None)
-                await self.abort(rid)
+                # Shielded: a second cancel must not drop the abort (it would then decode
+                # to max_tokens for nobody).
+                await asyncio.shield(self._spawn(self.abort(rid)))
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)

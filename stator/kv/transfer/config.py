@@ -18,7 +18,8 @@ class TransferConfig:
     copy: str = "auto"
     # Address the prefill side's transfer server binds and publishes.
     host: str = "127.0.0.1"
-    # Prefill side: seconds a prompt's KV stays pinned waiting for the decode side.
+    # Prefill side: seconds a prompt's KV stays pinned waiting for the decode side. Decode
+    # side: seconds a pull waits on the prefill server's socket (the pin would be gone).
     timeout: float = 30.0
 
     def validate(self) -> None:

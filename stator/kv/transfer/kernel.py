@@ -26,20 +26,20 @@ MAX_PROGRAM_ELEMENTS = 4096
 
 
 @triton.jit
-def _copy_blocks_kernel(
+def _copy_pair(
     src_ptr,
     dst_ptr,
     src_ids_ptr,
     dst_ids_ptr,
+    pair,
     src_piece_stride,
     src_block_stride,
     dst_piece_stride,
     dst_block_stride,
-    SLICE: tl.constexpr,  # int32 elements in one block's slice
-    BLOCK: tl.constexpr,  # int32 elements per program
-    EVEN: tl.constexpr,  # BLOCK divides SLICE: no mask (keeps the 16-byte accesses)
+    SLICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
-    pair = tl.program_id(0)
     piece = tl.program_id(1)  # (layer, k/v) slice
     chunk = tl.program_id(2)
     src_block = tl.load(src_ids_ptr + pair).to(tl.int64)
@@ -55,6 +55,31 @@ def _copy_blocks_kernel(
         tl.store(dst, tl.load(src, mask=mask), mask=mask)
 
 
+@triton.jit
+def _copy_blocks_kernel(
+    src_ptr,
+    dst_ptr,
+    src_ids_ptr,
+    dst_ids_ptr,
+    count_ptr,  # COUNTED: the number of pairs, read on the device (grid may be larger)
+    src_piece_stride,
+    src_block_stride,
+    dst_piece_stride,
+    dst_block_stride,
+    SLICE: tl.constexpr,  # int32 elements in one block's slice
+    BLOCK: tl.constexpr,  # int32 elements per program
+    EVEN: tl.constexpr,  # BLOCK divides SLICE: no mask (keeps the 16-byte accesses)
+    COUNTED: tl.constexpr,  # programs past *count_ptr pairs do nothing
+):
+    pair = tl.program_id(0)
+    args = (src_piece_stride, src_block_stride, dst_piece_stride, dst_block_stride)
+    if COUNTED:
+        if pair < tl.load(count_ptr):
+            _copy_pair(src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, pair, *args, SLICE, BLOCK, EVEN)
+    else:
+        _copy_pair(src_ptr, dst_ptr, src_ids_ptr, dst_ids_ptr, pair, *args, SLICE, BLOCK, EVEN)
+
+
 def supported(src: torch.Tensor, dst: torch.Tensor) -> bool:
     """Whether the kernel can copy between these pools (CUDA, or Triton's interpreter)."""
     slice_bytes = src[0, 0, 0].numel() * src.element_size()
@@ -66,6 +91,15 @@ def supported(src: torch.Tensor, dst: torch.Tensor) -> bool:
         and src.shape[:2] == dst.shape[:2]
         and src.shape[3:] == dst.shape[3:]
     )
+
+
+def launch_meta(slice_words: int) -> dict:
+    block = min(MAX_PROGRAM_ELEMENTS, triton.next_power_of_2(slice_words))
+    return {"SLICE": slice_words, "BLOCK": block, "EVEN": slice_words % block == 0}
+
+
+def chunks_per_slice(slice_words: int) -> int:
+    return triton.cdiv(slice_words, launch_meta(slice_words)["BLOCK"])
 
 
 _peer_enabled: set[tuple[int, int]] = set()
@@ -103,15 +137,15 @@ def copy_blocks_kernel(
         ids = ids.pin_memory().to(run, non_blocking=True)  # on run's current stream
     words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)
     slice_words = words_src[0, 0, 0].numel()
-    block = min(MAX_PROGRAM_ELEMENTS, triton.next_power_of_2(slice_words))
-    grid = (len(remote), src.shape[0] * 2, triton.cdiv(slice_words, block))
-    meta = {"SLICE": slice_words, "BLOCK": block, "EVEN": slice_words % block == 0}
+    grid = (len(remote), src.shape[0] * 2, chunks_per_slice(slice_words))
+    meta = launch_meta(slice_words) | {"COUNTED": False}
     # (layer, k/v) slices are `stride(1)` apart, a slice's blocks `stride(2)`.
     args = (
         words_src,
         words_dst,
         ids[0],
         ids[1],
+        ids[0],  # count_ptr: unread (COUNTED off)
         *words_src.stride()[1:3],
         *words_dst.stride()[1:3],
     )
@@ -127,3 +161,29 @@ def copy_blocks_kernel(
     ids.record_stream(run_stream)
     if run != dst.device:
         dst_stream.wait_stream(run_stream)
+
+
+def copy_counted(src: torch.Tensor, dst: torch.Tensor, ids: torch.Tensor, pairs: int) -> None:
+    """One launch of `pairs` programs' rows that copies the first `ids[0]` pairs of
+    `ids` = [count, remote ids (cap of them), local ids (cap)], read on the device: the
+    same launch serves any count up to `pairs`, so it can be captured once in a CUDA graph
+    and replayed for every pull of up to that many blocks (`peer_copier.py`). On CUDA it
+    runs on the current device and stream (the caller orders it); on the CPU, in Triton's
+    interpreter."""
+    cap = (ids.numel() - 1) // 2
+    words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)
+    slice_words = words_src[0, 0, 0].numel()
+    grid = (pairs, src.shape[0] * 2, chunks_per_slice(slice_words))
+    args = (
+        words_src,
+        words_dst,
+        ids[1 : 1 + cap],
+        ids[1 + cap :],
+        ids,
+        *words_src.stride()[1:3],
+        *words_dst.stride()[1:3],
+    )
+    meta = launch_meta(slice_words) | {"COUNTED": True}
+    if ids.is_cuda:
+        meta["num_warps"] = 8
+    _copy_blocks_kernel[grid](*args, **meta)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,21 @@ class TransferStats:
     last_gbps: float = 0.0
     by_kind: dict[str, int] = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)  # PullResult.phases, summed
+    # Time with at least one pull in flight: bytes / busy seconds is the rate a decode
+    # worker sees when pulls overlap (a burst of prompts prefilled together).
+    busy_seconds: float = 0.0
+    in_flight: int = 0
+    _busy_since: float = 0.0
+
+    def begin(self) -> None:
+        if self.in_flight == 0:
+            self._busy_since = time.perf_counter()
+        self.in_flight += 1
+
+    def end(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.busy_seconds += time.perf_counter() - self._busy_since
 
     def record(self, result: Any) -> None:
         self.transfers += 1
@@ -39,6 +55,7 @@ class TransferStats:
             "kv_transfer_bytes_total": self.bytes,
             "kv_transfer_seconds_total": self.seconds,
             "kv_transfer_copy_seconds_total": self.copy_seconds,
+            "kv_transfer_busy_seconds_total": self.busy_seconds,
             "kv_transfer_fallbacks_total": self.fallbacks,
             "kv_transfer_last_gbps": self.last_gbps,
         }

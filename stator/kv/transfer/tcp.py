@@ -48,21 +48,24 @@ async def pull(
     pin: str,
     remote: list[int],
     local: list[int],
+    timeout: float,
 ) -> int:
     """Decode side: read blocks `remote` from the server at `address` into `local`; returns
-    the bytes moved. Raises TcpRefused, OSError, asyncio.IncompleteReadError."""
+    the bytes moved. Raises TcpRefused, OSError (TimeoutError: the server went quiet for
+    `timeout` seconds), asyncio.IncompleteReadError. Only the socket waits time out: a
+    scatter in flight is never abandoned (it writes blocks the caller frees on failure)."""
     host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
     try:
         await wire.send(writer, {"op": "read", "pin": pin, "blocks": remote})
-        header = await wire.receive(reader)
+        header = await asyncio.wait_for(wire.receive(reader), timeout)
         if not header.get("ok"):
             raise TcpRefused(str(header.get("error")))
         size = block_bytes(pool)
         shape = (-1, *pool.movedim(2, 0).shape[1:])
         done = 0
         for nbytes in header["chunks"]:
-            data = await reader.readexactly(int(nbytes))
+            data = await asyncio.wait_for(reader.readexactly(int(nbytes)), timeout)
             n = int(nbytes) // size
             rows = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             rows = rows.view(pool.dtype).view(shape)

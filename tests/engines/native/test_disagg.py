@@ -170,3 +170,44 @@ async def test_an_abort_during_the_pull_frees_blocks_when_it_ends(engines, kind)
             break
         await asyncio.sleep(0.02)
     assert used(decode) == 0 and used(prefill) == 0
+
+
+async def cancel_as_admission_answers(eng, req) -> None:
+    """Cancel `eng.generate(req)` at the worst moment: while a step runs (the admission is
+    deferred), the step ends and runs it, and the client's cancel lands before the
+    generator resumes with the answer (asyncio then raises CancelledError in its place)."""
+    stream = eng.generate(req)
+    eng._stepping = True  # as if a step were running: changes to the core wait for it
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    assert len(eng._deferred) == 1
+    eng._run_deferred()  # the step ends: the request is admitted, its answer set...
+    task.cancel()  # ...and cancelled before generate() can see it
+    eng._stepping = False
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+
+
+async def test_a_cancel_racing_the_import_admission_leaks_nothing(engines):
+    prefill = await engines("prefill", "tcp")
+    decode = await engines("decode", "tcp")
+    req = request("r", prompt(6, 60), 50)
+    final = (await collect(prefill, prefill_request(req)))[-1]
+    await cancel_as_admission_answers(decode, decode_request(req, final, final.disagg))
+    for _ in range(100):
+        if used(decode) == 0 and used(prefill) == 0 and not decode.core.importing:
+            break
+        await asyncio.sleep(0.02)
+    # Not left to the prefill side's 30 s timeout: the decode side released the pin.
+    assert used(decode) == 0 and not decode.core.importing and not decode.core.seqs
+    assert used(prefill) == 0
+
+
+async def test_a_cancel_racing_the_admission_aborts_the_request(engines):
+    agg = await engines("aggregated")
+    await cancel_as_admission_answers(agg, request("r", prompt(7, 30), 400))
+    for _ in range(50):
+        if not agg.core.seqs and used(agg) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert not agg.core.seqs and used(agg) == 0  # not decoded to its 400th token first

@@ -1,6 +1,6 @@
 """`KvTransferAgent` between two CPU pools over TCP: the decode side keeps one connection
 per prefill server, survives the server dropping it, and never reuses a connection cut
-mid-exchange."""
+mid-exchange, and gives up on a server that goes quiet."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from stator.kv.block_copy import pool_shape
 from stator.kv.transfer.agent import KvTransferAgent, TransferError
 from stator.kv.transfer.config import TransferConfig
+from stator.kv.transfer.peer import layout
 
 
 @pytest.fixture
@@ -90,3 +91,31 @@ async def test_concurrent_first_pulls_end_up_on_one_connection(pair):
     assert answers == [{"ok": True}] * 5
     await asyncio.sleep(0.05)  # the extra connections' server sides see them close
     assert len(decode._links) == 1 and len(prefill._clients) == 1
+
+
+async def test_a_prefill_server_that_goes_quiet_fails_the_pull_after_the_timeout():
+    """A hung (not dead) prefill worker: the pull gives up after `timeout`, so the decode
+    side computes the prompt and frees its blocks instead of holding them for good."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader, writer):  # reads requests, never answers
+        accepted.append(writer)
+        await reader.read()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = torch.zeros(pool_shape(2, 8, 4, 2, 8))
+    decode = KvTransferAgent(TransferConfig(kind="tcp", timeout=0.3), pool)
+    transfer = {"address": f"127.0.0.1:{port}", "layout": layout(pool)}
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TransferError, match="TimeoutError"):
+            await decode.pull(transfer, "p1", [1, 2], [3, 4])
+        assert asyncio.get_running_loop().time() - started < 3
+        with pytest.raises(TimeoutError):
+            await decode._checked(transfer, "p1", [1])
+    finally:
+        await decode.close()
+        for writer in accepted:
+            writer.close()
+        server.close()

@@ -81,7 +81,7 @@ def test_bad_arguments_are_refused():
 _KERNEL_CHECK = """
 import random, torch
 from stator.kv.block_copy import pool_shape
-from stator.kv.transfer.kernel import copy_blocks_kernel, supported
+from stator.kv.transfer.kernel import copy_blocks_kernel, copy_counted, supported
 rng = random.Random(0)
 for dtype, dim in ((torch.bfloat16, 8), (torch.float32, 8), (torch.bfloat16, 1024)):
     src = torch.randn(pool_shape(3, 20, 4, 2, dim)).to(dtype)
@@ -92,6 +92,17 @@ for dtype, dim in ((torch.bfloat16, 8), (torch.float32, 8), (torch.bfloat16, 102
     assert torch.equal(dst[:, :, local], src[:, :, remote])
     assert not dst[:, :, [b for b in range(12) if b not in local]].any()
 assert not supported(torch.zeros(pool_shape(2, 4, 1, 1, 3)), torch.zeros(pool_shape(2, 4, 1, 1, 3)))
+# Counted (the CUDA-graph launch): 16 programs' rows, 5 pairs named; the rest do nothing.
+src = torch.randn(pool_shape(3, 20, 4, 2, 8)).to(torch.bfloat16)
+dst = torch.zeros(pool_shape(3, 12, 4, 2, 8), dtype=torch.bfloat16)
+remote, local = rng.sample(range(20), 5), rng.sample(range(12), 5)
+ids = torch.zeros(1 + 2 * 16, dtype=torch.int32)
+ids[0] = 5
+ids[1 : 1 + 5] = torch.tensor(remote)
+ids[17 : 17 + 5] = torch.tensor(local)  # the padding pairs (0 -> 0) must stay uncopied
+copy_counted(src, dst, ids, 16)
+assert torch.equal(dst[:, :, local], src[:, :, remote])
+assert not dst[:, :, [b for b in range(12) if b not in local]].any()
 print("ok")
 """
 
@@ -122,3 +133,23 @@ def test_every_method_on_gpus(pattern, method):
             torch.cuda.current_stream(dst.device).synchronize()
         assert kv_copy._kernel_failed is None
         _check(src, dst, remote, local)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True])
+def test_peer_copier_copies_exactly_the_named_blocks_for_any_count(graphs):
+    from stator.kv.transfer.peer_copier import PeerCopier, bucket
+
+    second = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
+    src, dst = _pools(200, 150, "cuda:0", second, dim=64)
+    src, dst = src.to(torch.bfloat16), dst.to(torch.bfloat16)
+    copier = PeerCopier(src, dst, torch.cuda.Stream(dst.device), graphs=graphs)
+    rng = random.Random(1)
+    # Counts inside one bucket, across buckets, and past the first capacity (regrowth).
+    for n in (40, 3, 17, 64, 100, 1):
+        remote, local = rng.sample(range(200), n), rng.sample(range(150), n)
+        dst.zero_()
+        copier.launch(remote, local)[1].synchronize()
+        _check(src, dst, remote, local)
+    assert copier.graphs is graphs and bucket(100) == 128 and bucket(3) == 16

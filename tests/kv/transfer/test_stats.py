@@ -1,0 +1,25 @@
+"""`TransferStats`: busy time counts the span with any pull in flight once, however many
+pulls overlap in it."""
+
+from __future__ import annotations
+
+import time
+
+from stator.kv.transfer.stats import TransferStats
+
+
+def test_busy_time_is_the_union_of_overlapping_pulls():
+    stats = TransferStats()
+    stats.begin()
+    stats.begin()  # a second pull while the first runs
+    time.sleep(0.02)
+    stats.end()
+    time.sleep(0.02)
+    stats.end()
+    busy = stats.busy_seconds
+    assert 0.04 <= busy < 0.2 and stats.in_flight == 0
+    time.sleep(0.05)  # idle: not counted
+    stats.begin()
+    stats.end()
+    assert stats.busy_seconds - busy < 0.01
+    assert stats.gauges()["kv_transfer_busy_seconds_total"] == stats.busy_seconds
