@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -114,22 +115,18 @@ GEMV_SWEEP = {
     ],
     "bf16": [(8, 256, 4), (4, 256, 4)],
 }
-# The "swapped" modes put the weight on the MMA's left (moe_swapped.py): M tiles of 16+.
+# "+joint": gate and up as one dot (fused_moe.JOINT_GATE_UP).
 GEMM_SWEEP = {
-    64: [("words", (16, 64, 128, 4, 3)), ("swapped", (16, 64, 128, 4, 3)),
-         ("swapped", (16, 64, 256, 4, 2)), ("swapped", (16, 128, 128, 8, 3)),
-         ("swapped_bytes", (16, 64, 128, 4, 3))],
+    64: [("words", (16, 64, 128, 4, 3)), ("words+joint", (16, 64, 128, 4, 3)),
+         ("scaled", (16, 64, 64, 4, 3))],
     256: [("words", (32, 64, 128, 4, 3)), ("scaled", (64, 64, 64, 4, 3)),
-          ("swapped", (16, 64, 128, 4, 3)), ("swapped", (32, 64, 64, 4, 3)),
-          ("swapped", (32, 64, 128, 4, 3)), ("swapped", (32, 128, 128, 8, 3)),
-          ("swapped", (32, 64, 256, 4, 2)), ("swapped", (64, 64, 128, 4, 3)),
-          ("swapped_bytes", (32, 64, 128, 4, 3)), ("swapped_bytes", (32, 64, 64, 4, 3))],
-    512: [("scaled", (128, 128, 64, 8, 3)), ("scaled", (64, 64, 64, 4, 3)),
-          ("swapped", (64, 64, 128, 4, 3)), ("swapped", (64, 128, 128, 8, 3)),
-          ("swapped", (32, 64, 128, 4, 3)), ("swapped", (64, 128, 64, 4, 3)),
-          ("swapped_bytes", (64, 64, 128, 4, 3))],
-    2048: [("scaled", (128, 128, 64, 8, 3)), ("swapped", (128, 128, 128, 8, 3)),
-           ("swapped", (64, 128, 128, 4, 3)), ("swapped", (128, 64, 128, 8, 3))],
+          ("scaled+joint", (64, 64, 64, 4, 3)), ("scaled", (32, 64, 64, 4, 3)),
+          ("scaled+joint", (32, 64, 64, 4, 3)), ("scaled", (64, 64, 64, 4, 4))],
+    512: [("scaled", (64, 64, 64, 4, 3)), ("scaled+joint", (64, 64, 64, 4, 3)),
+          ("scaled", (128, 128, 64, 8, 3)), ("scaled", (64, 128, 64, 4, 3)),
+          ("scaled", (128, 64, 64, 4, 3))],
+    2048: [("scaled", (128, 128, 64, 8, 3)), ("scaled+joint", (128, 64, 64, 8, 3)),
+           ("scaled", (64, 64, 64, 4, 3)), ("scaled", (128, 64, 64, 4, 3))],
 }  # fmt: skip
 
 
@@ -222,7 +219,9 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
             configs = [("bytes", c) for m, c in configs if m == "scaled"]
 
         def gemm_cfg(cfg, pairs=pairs):
-            fm.MXFP4_GEMM, tile = cfg
+            mode, tile = cfg
+            fm.MXFP4_GEMM = mode.removesuffix("+joint")
+            fm.JOINT_GATE_UP = mode.endswith("+joint")
             table = fm.config_table(fm.MXFP4_GEMM)
             slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
             table[slot] = (table[slot][0], tile)
@@ -231,7 +230,8 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
             gemm_cfg, configs, lambda t=tokens: moe(xs[t]), 10, checker(xs[tokens])
         )
         res["sweep_us"][tokens], res["best"][tokens] = times, best[1]
-        for cfg in configs:  # each mode's best tile of this size stays in its table
+        # Each mode's best tile of this size stays in its table ("+joint" only recorded).
+        for cfg in [c for c in configs if not c[0].endswith("+joint")]:
             mode_times = {str(c): times[str(c)] for c in configs if c[0] == cfg[0]}
             ok = {k: v for k, v in mode_times.items() if not isinstance(v, str)}
             if ok:
@@ -240,11 +240,11 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
                 best_mode.setdefault(tokens, {})[cfg[0]] = ok[str(win)]
     # Back to choosing the mode by size (fused_moe.mxfp4_mode), each mode's best tiles kept.
     res["best_by_mode_us"] = best_mode
-    fm.MXFP4_GEMM = None
+    fm.MXFP4_GEMM, fm.JOINT_GATE_UP = None, False
     if gemm_only:  # the best mode of each size installed (the engine runs that follow)
         moe_dequant.MIN_PAIRS = saved_min_pairs
         fm.MODES = install_best_modes(best_mode)
-        res["installed"] = {"modes": fm.MODES, "swapped": fm.SWAPPED_CONFIGS,
+        res["installed"] = {"modes": fm.MODES,
                             "scaled": fm.SCALED_CONFIGS, "words": fm.WORD_CONFIGS}  # fmt: skip
         return res
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
@@ -379,12 +379,13 @@ def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
     from stator.bench.config import BenchConfig
     from stator.bench.runner import run_benchmark
 
-    log = out / f"stator_run_{moe_weights}.log"
+    log = out / f"stator_run_{args.name}.log"
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--model", str(model_dir),
            "--load-format", "dummy", "--dtype", "bfloat16", "--moe-weights", moe_weights,
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", "256",
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]  # fmt: skip
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+           *shlex.split(args.serve_args)]  # fmt: skip
     with log.open("wb") as handle:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
     try:
@@ -440,6 +441,7 @@ def main() -> None:
         help="kernels/moe_dequant.MIN_PAIRS (0 = never; default: the module's): expand MXFP4 "
         "experts to bf16 from this many pairs",
     )
+    ap.add_argument("--serve-args", default="", help="more `stator run` arguments (http)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     from stator.engines.native.kernels import moe_dequant
@@ -452,6 +454,8 @@ def main() -> None:
     args.name = f"gpt_oss_{args.model}_{mode}_{'_'.join(args.parts)}"
     if args.expand_min_pairs is not None:
         args.name += f"_expand{args.expand_min_pairs}"
+    if args.serve_args:
+        args.name += "_" + re.sub(r"[^A-Za-z0-9]+", "_", args.serve_args).strip("_")
     res["expand_min_pairs"] = moe_dequant.MIN_PAIRS
     bandwidth = copy_bandwidth()
     res["copy_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)

@@ -1,7 +1,7 @@
 """GPT-OSS's MoE kernels (router, streaming decode kernels, grouped GEMMs byte- and
-word-wise, byte-wise with the weight as the left operand, the expanded prefill path) run by
-Triton's interpreter on the CPU in float32, against the PyTorch reference, in tiny shapes:
-5 or 6 experts, top-3 and top-4, a hidden size that no 128-value step divides, another
+word-wise, the expanded prefill path; the one-launch expert sort) run by Triton's
+interpreter on the CPU in float32, against the PyTorch reference, in tiny shapes: 5 or 6
+experts, top-3 and top-4, a hidden size that no 128-value step divides, another
 tensor-parallel rank's experts."""
 
 from __future__ import annotations
@@ -61,10 +61,12 @@ with torch.no_grad():
         xs = torch.randn(40, 96)  # grouped GEMMs: pairs above GEMV_MAX_PAIRS
         ws, is_ = moe.route(xs)
         ref = moe._reference(xs, ws, is_)
-        # (tl.dot_scaled, "scaled" and "swapped": no interpreter support)
-        for mode in ("words", "bytes", "swapped_bytes"):
-            fm.MXFP4_GEMM = mode
-            close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
+        # (tl.dot_scaled: no interpreter support); joint: gate and up as one dot
+        for mode, joint in (("words", False), ("bytes", False), ("words", True)):
+            fm.MXFP4_GEMM, fm.JOINT_GATE_UP = mode, joint
+            ours = fm.fused_moe(xs, ws, is_, moe, allow_expand=False)
+            close(ours, ref, ("gemm", mode, joint) + what)
+        fm.JOINT_GATE_UP = False
         if packed:
             out = torch.empty(moe.local, 128, 96)
             moe_dequant.expand(moe.w13_blocks, moe.w13_scales, out)

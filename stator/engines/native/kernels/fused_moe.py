@@ -11,8 +11,7 @@ block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [
 the k pairs of a token are summed after (deterministic, no atomics).
 MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers:
 read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by Triton's
-`tl.dot_scaled`, chosen by size (`mxfp4_mode`), the weight the right operand of the MMA
-or the left (`moe_swapped.py`); for a few pairs (decode) `moe_gemv.py`
+`tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode) `moe_gemv.py`
 streams the weights, and large prefills expand them first (`moe_dequant.py`).
 """
 
@@ -121,6 +120,7 @@ def _moe_up_kernel(
     alpha, limit,
     TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
+    JOINT: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -134,13 +134,25 @@ def _moe_up_kernel(
     dtype = out_ptr.dtype.element_ty
     w = w_ptr + e * stride_e
     sp = s_ptr + e * s_stride_e
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, hidden, BLOCK_K):
-        acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden, stride_n,
-                          s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
-        acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, hidden,
-                          stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+    if JOINT:
+        # Gate and up rows interleaved (g0 u0 g1 u1 ...): one dot twice as wide, X's tile
+        # read once a step instead of twice.
+        rows = tl.reshape(tl.join(n, n + inter), [2 * BLOCK_N])
+        rows_ok = tl.reshape(tl.join(n_ok, n_ok), [2 * BLOCK_N])
+        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            acc = _tile_dot(acc, x_ptr, a_rows, row_ok, w, sp, rows, rows_ok, k0, hidden,
+                            stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+        acc_g, acc_u = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+    else:
+        acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden,
+                              stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+            acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0,
+                              hidden, stride_n, s_stride_n, BLOCK_K, PACKED, MX,
+                              PRECISION)  # fmt: skip
     bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
     bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
     # Rounded to the model dtype as an unfused matmul's output would be.
@@ -213,17 +225,17 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against words 1,754 / 2,687 / 4,800 and
 # byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
 # (scaled faster); it was not measured closer: 512 is the middle.
-# "swapped" and "swapped_bytes": the same two with the weight as the MMA's left operand
-# (`moe_swapped.py`).
 MXFP4_GEMM: str | None = None
 MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pairs, mode)
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
-# (32, 128, 64, 4, 3) 838; above 1,024 pairs CONFIGS' large tile.
+# (32, 128, 64, 4, 3) 838. 512 tokens (2,048 pairs; with moe_align.py, 2026-11-27): 820
+# us with (64, 64, 64, 4, 3) against 1,008 with (128, 128, 64, 8, 3), which stays past
+# 4,096 pairs (2,048 tokens: 2,296 us; the crossover was not measured).
 SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (64, 64, 64, 4, 3)),
-    (4096, (128, 128, 64, 8, 3)),
+    (4096, (64, 64, 64, 4, 3)),
     (1 << 62, (128, 128, 64, 8, 3)),
 ]
 # The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
@@ -242,35 +254,29 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # kernels (session 3) 138 vs 242 and 248 vs 273.
 GEMV_MAX_PAIRS = 32
 
-# The table of the swapped modes (moe_swapped.py): BLOCK_M is the MMA's N (16 or more),
-# BLOCK_N its M (64 a warp group). Not yet measured against the others: a starting point
-# sized as SCALED_CONFIGS' winner.
-SWAPPED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 64, 4, 3)),
-    (1024, (32, 64, 64, 4, 3)),
-    (4096, (64, 128, 64, 4, 3)),
-    (1 << 62, (64, 128, 64, 4, 3)),
-]
-
 
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
     """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
-    if mode.startswith("swapped"):
-        return SWAPPED_CONFIGS
     return {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
+
+
+# Whether the up kernel computes gate and up as one dot of 2 * BLOCK_N interleaved rows
+# (one read of X's tile a step, one wider MMA) rather than two dots of BLOCK_N. Off until
+# measured faster (benchmarks/gpt_oss_gpu.py sweeps both: modes "<mode>+joint").
+JOINT_GATE_UP = False
 
 
 def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
     mode = MXFP4_GEMM or next(m for most, m in MODES if pairs <= most)
     if dtype != torch.bfloat16:  # tl.dot_scaled takes bf16 activations
-        return {"scaled": "words", "swapped": "swapped_bytes"}.get(mode, mode)
+        return "words" if mode == "scaled" else mode
     return mode
 
 
 def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
     block_m, block_n, block_k, warps, stages = next(c for n, c in config_table(mode) if pairs <= n)
-    if mode in ("words", "swapped", "swapped_bytes"):  # masked: K need not divide by BLOCK_K
+    if mode == "words":  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
     while hidden % block_k or inter % block_k:
         block_k //= 2
@@ -325,13 +331,6 @@ def fused_moe(
     words = mode == "words"
     block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
     sorted_ids, block_expert = align(local_ids, local, block_m)
-    if mode.startswith("swapped"):
-        from stator.engines.native.kernels.moe_swapped import grouped_moe
-
-        config = (block_m, block_n, block_k, warps, stages)
-        out = grouped_moe(x, weights, sorted_ids, block_expert, moe, top_k, config,
-                          scaled=mode == "swapped")  # fmt: skip
-        return out.view(tokens, top_k, hidden).sum(1)
     num_blocks = block_expert.shape[0]
     if words:
         from stator.engines.native.kernels.moe_gemv import permute
@@ -356,8 +355,8 @@ def fused_moe(
         x, w13, s13, moe.b13, act, sorted_ids, block_expert,
         pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
         TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps,
-        num_stages=stages,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, JOINT=JOINT_GATE_UP,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
     out = alloc(pairs, hidden, dtype=x.dtype, device=x.device)

@@ -1,6 +1,5 @@
 """The fused MoE's sort of (token, expert) pairs by expert, each expert's run padded to a
-multiple of BLOCK_M: the row blocks the grouped GEMMs (`fused_moe.py`, `moe_swapped.py`)
-run over.
+multiple of BLOCK_M: the row blocks the grouped GEMMs (`fused_moe.py`) run over.
 
 `align` does it in one launch (one program): a pass counting each expert's pairs, then a
 pass placing each pair at its expert's start plus its rank among that expert's earlier
@@ -96,9 +95,12 @@ def align(local_ids: torch.Tensor, local: int, block_m: int) -> tuple[torch.Tens
     blocks = num_blocks(pairs, local, block_m)
     sorted_ids = torch.empty(blocks * block_m, dtype=torch.long, device=local_ids.device)
     block_expert = torch.empty(blocks, dtype=torch.long, device=local_ids.device)
-    e_pad = triton.next_power_of_2(local)  # id `local` (other ranks) matches no expert
-    # One-hot chunks of ~8k values: 256 pairs at 32 experts, 64 at 128.
-    chunk = max(16, min(1024, 8192 // e_pad))
+    # One-hot chunks of 8k values: [256, 32] up to 32 experts, [64, 128] at 128. (Narrower
+    # ones, [1024, 8] for 7 experts, disagreed with align_reference on an H100 once, in a
+    # case of 5 pairs: not understood, so not used. The id `local`, other ranks' experts,
+    # matches no column: they are masked.)
+    e_pad = max(32, triton.next_power_of_2(local))
+    chunk = max(16, 8192 // e_pad)
     _align_kernel[(1,)](
         local_ids, sorted_ids, block_expert, pairs, blocks * block_m, blocks,
         LOCAL=local, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, num_warps=4,
