@@ -115,18 +115,14 @@ GEMV_SWEEP = {
     ],
     "bf16": [(8, 256, 4), (4, 256, 4)],
 }
-# "+joint": gate and up as one dot (fused_moe.JOINT_GATE_UP).
 GEMM_SWEEP = {
-    64: [("words", (16, 64, 128, 4, 3)), ("words+joint", (16, 64, 128, 4, 3)),
-         ("scaled", (16, 64, 64, 4, 3))],
+    64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3))],
     256: [("words", (32, 64, 128, 4, 3)), ("scaled", (64, 64, 64, 4, 3)),
-          ("scaled+joint", (64, 64, 64, 4, 3)), ("scaled", (32, 64, 64, 4, 3)),
-          ("scaled+joint", (32, 64, 64, 4, 3)), ("scaled", (64, 64, 64, 4, 4))],
-    512: [("scaled", (64, 64, 64, 4, 3)), ("scaled+joint", (64, 64, 64, 4, 3)),
-          ("scaled", (128, 128, 64, 8, 3)), ("scaled", (64, 128, 64, 4, 3)),
-          ("scaled", (128, 64, 64, 4, 3))],
-    2048: [("scaled", (128, 128, 64, 8, 3)), ("scaled+joint", (128, 64, 64, 8, 3)),
-           ("scaled", (64, 64, 64, 4, 3)), ("scaled", (128, 64, 64, 4, 3))],
+          ("scaled", (32, 64, 64, 4, 3))],
+    512: [("scaled", (64, 64, 64, 4, 3)), ("scaled", (128, 64, 64, 4, 3)),
+          ("scaled", (128, 128, 64, 8, 3))],
+    2048: [("scaled", (128, 64, 64, 4, 3)), ("scaled", (128, 128, 64, 8, 3)),
+           ("scaled", (64, 64, 64, 4, 3))],
 }  # fmt: skip
 
 
@@ -219,9 +215,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
             configs = [("bytes", c) for m, c in configs if m == "scaled"]
 
         def gemm_cfg(cfg, pairs=pairs):
-            mode, tile = cfg
-            fm.MXFP4_GEMM = mode.removesuffix("+joint")
-            fm.JOINT_GATE_UP = mode.endswith("+joint")
+            fm.MXFP4_GEMM, tile = cfg
             table = fm.config_table(fm.MXFP4_GEMM)
             slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
             table[slot] = (table[slot][0], tile)
@@ -230,8 +224,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
             gemm_cfg, configs, lambda t=tokens: moe(xs[t]), 10, checker(xs[tokens])
         )
         res["sweep_us"][tokens], res["best"][tokens] = times, best[1]
-        # Each mode's best tile of this size stays in its table ("+joint" only recorded).
-        for cfg in [c for c in configs if not c[0].endswith("+joint")]:
+        for cfg in configs:  # each mode's best tile of this size stays in its table
             mode_times = {str(c): times[str(c)] for c in configs if c[0] == cfg[0]}
             ok = {k: v for k, v in mode_times.items() if not isinstance(v, str)}
             if ok:
@@ -240,7 +233,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
                 best_mode.setdefault(tokens, {})[cfg[0]] = ok[str(win)]
     # Back to choosing the mode by size (fused_moe.mxfp4_mode), each mode's best tiles kept.
     res["best_by_mode_us"] = best_mode
-    fm.MXFP4_GEMM, fm.JOINT_GATE_UP = None, False
+    fm.MXFP4_GEMM = None
     if gemm_only:  # the best mode of each size installed (the engine runs that follow)
         moe_dequant.MIN_PAIRS = saved_min_pairs
         fm.MODES = install_best_modes(best_mode)

@@ -24,9 +24,8 @@ about 3 of 4 launches of a mixed step. Measured on an H100 (8B shape, bf16): a s
 are GPU-bound even eagerly: there the padding and the q/k/v copies cost ~2-3% and gain
 nothing, hence the default limit of 512 tokens (`--piecewise-max-tokens`).
 
-Covered: decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2, Qwen3,
-GPT-OSS: its MoE sorts tokens by expert on the device, at shapes the bucket fixes), one
-device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary
+Covered: dense decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2,
+Qwen3), one device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary
 hidden states run eagerly (`eligible`); so do tensor-parallel runners (their collectives
 inside a graph need symmetric-memory buffers sized for every bucket: not built).
 """

@@ -80,16 +80,13 @@ def test_half2_streaming_kernels_match_the_reference(monkeypatch, tokens, size):
 
 @pytest.mark.parametrize("mode", ["words", "bytes", "scaled"])
 @pytest.mark.parametrize("tokens", [40, 300, 1500])
-@pytest.mark.parametrize("joint", [False, True])
-def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens, joint):
-    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled (expansion off); gate
-    and up as two dots or one (`fused_moe.JOINT_GATE_UP`)."""
+def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
+    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled (expansion off)."""
     from stator.engines.native.kernels import fused_moe as fm
     from stator.engines.native.kernels import moe_dequant
 
     monkeypatch.setattr(moe_dequant, "MIN_PAIRS", 0)
     monkeypatch.setattr(fm, "MXFP4_GEMM", mode)
-    monkeypatch.setattr(fm, "JOINT_GATE_UP", joint)
     moe = _moe(True)
     x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
     weights, ids = moe.route(x)
@@ -99,7 +96,8 @@ def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens, joi
 
 
 @pytest.mark.parametrize(("pairs", "local", "block_m"), [(1024, 32, 32), (32768, 32, 128),
-                                                         (3000, 128, 16), (5, 7, 16)])  # fmt: skip
+                                                         (3000, 128, 16), (100, 7, 16),
+                                                         (5, 7, 16)])  # fmt: skip
 def test_one_launch_alignment_equals_the_torch_ops(pairs, local, block_m):
     from stator.engines.native.kernels.moe_align import align, align_reference
 

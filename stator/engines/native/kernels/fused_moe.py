@@ -120,7 +120,6 @@ def _moe_up_kernel(
     alpha, limit,
     TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
-    JOINT: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -134,25 +133,13 @@ def _moe_up_kernel(
     dtype = out_ptr.dtype.element_ty
     w = w_ptr + e * stride_e
     sp = s_ptr + e * s_stride_e
-    if JOINT:
-        # Gate and up rows interleaved (g0 u0 g1 u1 ...): one dot twice as wide, X's tile
-        # read once a step instead of twice.
-        rows = tl.reshape(tl.join(n, n + inter), [2 * BLOCK_N])
-        rows_ok = tl.reshape(tl.join(n_ok, n_ok), [2 * BLOCK_N])
-        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N], tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
-            acc = _tile_dot(acc, x_ptr, a_rows, row_ok, w, sp, rows, rows_ok, k0, hidden,
-                            stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
-        acc_g, acc_u = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-    else:
-        acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, hidden, BLOCK_K):
-            acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden,
-                              stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
-            acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0,
-                              hidden, stride_n, s_stride_n, BLOCK_K, PACKED, MX,
-                              PRECISION)  # fmt: skip
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden, stride_n,
+                          s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+        acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, hidden,
+                          stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
     bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
     bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
     # Rounded to the model dtype as an unfused matmul's output would be.
@@ -230,13 +217,16 @@ MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pa
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
-# (32, 128, 64, 4, 3) 838. 512 tokens (2,048 pairs; with moe_align.py, 2026-11-27): 820
-# us with (64, 64, 64, 4, 3) against 1,008 with (128, 128, 64, 8, 3), which stays past
-# 4,096 pairs (2,048 tokens: 2,296 us; the crossover was not measured).
+# (32, 128, 64, 4, 3) 838. With moe_align.py (2026-11-27, two calls): 256 tokens 558-564
+# us; 512 tokens (2,048 pairs) 817-820 with (64, 64, 64, 4, 3) against 850 with (128, 64,
+# 64, 4, 3) and 1,000-1,008 with (128, 128, 64, 8, 3); 2,048 tokens 1,938 with (128, 64,
+# 64, 4, 3) against 2,297 and 2,303 for the other two (the crossover, between 2,048 and
+# 8,192 pairs, was not measured). Gate and up as one dot of interleaved rows measured
+# 9-14% slower (610 / 888 / 2,620 us at 256 / 512 / 2,048 tokens): not kept.
 SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (64, 64, 64, 4, 3)),
     (4096, (64, 64, 64, 4, 3)),
-    (1 << 62, (128, 128, 64, 8, 3)),
+    (1 << 62, (128, 64, 64, 4, 3)),
 ]
 # The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
 # 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
@@ -258,12 +248,6 @@ GEMV_MAX_PAIRS = 32
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
     """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
     return {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
-
-
-# Whether the up kernel computes gate and up as one dot of 2 * BLOCK_N interleaved rows
-# (one read of X's tile a step, one wider MMA) rather than two dots of BLOCK_N. Off until
-# measured faster (benchmarks/gpt_oss_gpu.py sweeps both: modes "<mode>+joint").
-JOINT_GATE_UP = False
 
 
 def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
@@ -355,8 +339,8 @@ def fused_moe(
         x, w13, s13, moe.b13, act, sorted_ids, block_expert,
         pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
         TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, JOINT=JOINT_GATE_UP,
-        num_warps=warps, num_stages=stages,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
     out = alloc(pairs, hidden, dtype=x.dtype, device=x.device)

@@ -92,15 +92,19 @@ def _align_kernel(
 def align(local_ids: torch.Tensor, local: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`align_reference` in one launch: the same tensors, equal element for element."""
     pairs = local_ids.numel()
+    if pairs <= 32:
+        # The grouped GEMMs never see so few (the streaming kernels take up to 32 pairs):
+        # 5 pairs over 7 experts disagreed with the torch ops on an H100 (in two calls,
+        # with one-hot chunks [1024, 8] and [256, 32]; not understood, while 40 to 32,768
+        # pairs at 7, 32 and 128 experts agreed), so small calls take the torch ops.
+        return align_reference(local_ids, local, block_m)
     blocks = num_blocks(pairs, local, block_m)
     sorted_ids = torch.empty(blocks * block_m, dtype=torch.long, device=local_ids.device)
     block_expert = torch.empty(blocks, dtype=torch.long, device=local_ids.device)
-    # One-hot chunks of 8k values: [256, 32] up to 32 experts, [64, 128] at 128. (Narrower
-    # ones, [1024, 8] for 7 experts, disagreed with align_reference on an H100 once, in a
-    # case of 5 pairs: not understood, so not used. The id `local`, other ranks' experts,
-    # matches no column: they are masked.)
-    e_pad = max(32, triton.next_power_of_2(local))
-    chunk = max(16, 8192 // e_pad)
+    # One-hot chunks of ~8k values: [256, 32] at 32 experts, [64, 128] at 128. The id
+    # `local` (other ranks' experts) matches no expert column: they are masked.
+    e_pad = triton.next_power_of_2(local)
+    chunk = max(16, min(1024, 8192 // e_pad))
     _align_kernel[(1,)](
         local_ids, sorted_ids, block_expert, pairs, blocks * block_m, blocks,
         LOCAL=local, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, num_warps=4,
