@@ -22,7 +22,11 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
                 for k, v in mixed.items()
             )
             print(f"mixed steps, engine alone {name} (decodes + one new prompt): {shown}")
-            busy = {k: v for k, v in r.items() if k.startswith("gpu_busy_")}
+            busy = {
+                k.removeprefix("gpu_busy_"): round(v.get("busy", 0), 2)
+                for k, v in r.items()
+                if k.startswith("gpu_busy_")
+            }
             print(f"  GPU busy over those steps: {busy}")
     print(
         "| profile | setup | output tok/s | / engine | / floor | ITL p50 ms | ITL / step | busiest CPU |"
@@ -42,6 +46,7 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
         for name, v in res.get("engine_variants", {}).items():
             if profile in v:
                 runs.append((f"{name}, all at once", v[profile]))
+        e = e or (runs[0][1] if runs else None)  # without the default engine: the first
         for label, r in runs:
             print(
                 f"| {profile} | engine alone ({label}) | {r['output_tok_s']:.0f} | "
@@ -61,3 +66,62 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
                 f"{h['output_tok_s']:.0f} | {vs} | {h['output_tok_s'] / fl:.2f} | {itl:.1f} | "
                 f"{ratio} | {busiest[0]} {busiest[1]:.0f}% |"
             )
+    print_latencies(res, profiles, variants, step)
+    print_steps(res, profiles)
+
+
+def print_latencies(
+    res: dict, profiles: list[str], variants: list[str], step: float | None
+) -> None:
+    """Each HTTP run's latency percentiles: TPOT (stator bench's ITL, per request), the
+    gaps between streamed chunks (vLLM bench's ITL, per token) and TTFT, in ms."""
+    print(
+        "\n| profile | HTTP variant | tok/s | TPOT p50/p90/p99 | gap p50/p90/p99 | "
+        "gap p50 / step | TTFT p50/p90/p99 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for profile in profiles:
+        for name in variants:
+            h = res["http"].get(name, {}).get(profile)
+            if not h:
+                continue
+
+            def three(key: str, h=h) -> str:
+                return " / ".join(
+                    f"{h.get(f'{key}_{p}_ms') or 0:.1f}" for p in ("p50", "p90", "p99")
+                )
+
+            gap = h.get("gap_p50_ms") or 0
+            print(
+                f"| {profile} | {name} | {h['output_tok_s']:.0f} | {three('itl')} | {three('gap')} "
+                f"| {gap / step if step else 0:.2f} | {three('ttft')} |"
+            )
+
+
+def print_steps(res: dict, profiles: list[str]) -> None:
+    """The engine alone's runs step by step (`step_profile.py`)."""
+    engines = {"default": res.get("engine", {}), **res.get("engine_variants", {})}
+    for name, r in engines.items():
+        for profile in profiles:
+            s = r.get(profile, {}).get("steps")
+            if not s:
+                continue
+            print(
+                f"\nengine alone {name}, {profile}: {s['steps']} steps, {s['seconds']:.1f} s, "
+                f"host waiting on the device {100 * s['device_wait_share']:.0f}% of it; "
+                f"threads: {r[profile].get('threads_cpu_pct')}"
+            )
+            print(
+                "| steps | count | s | ms/step (p50, max) | device wait ms | seqs | tokens "
+                "| tok/s out |"
+            )
+            print("|---|---|---|---|---|---|---|---|")
+            groups = {**s["by_kind"], **{f"batch {k}": v for k, v in s["by_batch"].items()}}
+            groups["tail (queue empty)"] = s["tail_after_queue_empty"]
+            for label, g in groups.items():
+                print(
+                    f"| {label} | {g['steps']} | {g['seconds']:.2f} | {g['ms_per_step']:.2f} "
+                    f"({g.get('ms_p50', 0):.1f}, {g.get('ms_max', 0):.0f}) | "
+                    f"{g['device_wait_ms']:.2f} | {g['mean_seqs']} | {g['mean_tokens']} | "
+                    f"{g['emitted_per_s']} |"
+                )

@@ -28,7 +28,6 @@ decodes plus one new 128-token prompt each step) with the GPU's busy fraction ov
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import os
@@ -47,11 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_vs_engine_table import print_table  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
-from process_cpu import cpu_seconds, process_name, process_tree  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
-
-BUNDLED = REPO / "stator" / "models" / "tiny-chat"
-CONCURRENCY = 256
+from stator_http import BUNDLED, CONCURRENCY, http_bench, start_server  # noqa: E402
+from step_profile import (  # noqa: E402
+    StepProfile,
+    busiest_threads,
+    gpu_busy,
+    host_profile,
+    thread_cpu,
+)
 
 
 def workload(args: argparse.Namespace, profile: str) -> list[tuple[int, int]]:
@@ -98,10 +101,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             stop=StopConditions(max_tokens=osl, ignore_eos=True),
         )
 
-    def drain() -> dict[str, list[float]]:
+    steps = StepProfile(core)
+
+    def drain(step=core.step) -> dict[str, list[float]]:
         times: dict[str, list[float]] = {}
         while core.has_work():
-            for rid, out in core.step():
+            for rid, out in step():
                 if out.token_ids:
                     times.setdefault(rid, []).append(time.perf_counter())
         return times
@@ -122,6 +127,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         return times
 
     def timed(run) -> dict:
+        threads = thread_cpu()
         start, c0 = time.perf_counter(), time.process_time()
         times = run()
         secs = time.perf_counter() - start
@@ -131,14 +137,27 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             "output_tokens": produced,
             "output_tok_s": produced / secs,
             "cpu_pct": 100 * (time.process_time() - c0) / secs,
+            "threads_cpu_pct": busiest_threads(threads, thread_cpu(), secs),
         }
+
+    def profiled_run(name: str) -> dict:
+        """Every request of the profile added at once, stepped until done, step by step."""
+        for i, (isl, osl) in enumerate(workload(args, name)):
+            core.add_request(req(f"{name}-{i}", isl, osl))
+        steps.records = []
+        out = timed(lambda: drain(steps.step))
+        out["steps"] = steps.summary()
+        return out
 
     ids = itertools.count()
 
-    def mixed_steps(decodes: int, prompt_len: int, n: int, profile: bool = False) -> dict:
+    def mixed_steps(
+        decodes: int, prompt_len: int, n: int, profile: bool = False, host: bool = False
+    ) -> dict:
         """Mean step with `decodes` sequences decoding and one new `prompt_len`-token prompt
         entering each step (it ends there: max_tokens 1): the launch-bound mixed step.
-        `profile`: also the GPU's busy fraction over the timed steps (`gpu_busy`)."""
+        `profile`: also the GPU's busy fraction over the timed steps (`gpu_busy`); `host`:
+        where the host's time goes over them (`host_profile`)."""
         for _ in range(decodes):
             core.add_request(req(f"m{next(ids)}", 64, 10 * n))
         while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.seqs.values()):
@@ -160,6 +179,11 @@ def engine_alone_main(args: argparse.Namespace) -> None:
                 out.update(gpu_busy(lambda: run(n)))
             except Exception as exc:  # the profiler's API moves between torch versions
                 out["error"] = repr(exc)
+        if host:
+            try:
+                out["host"] = host_profile(lambda: run(n))
+            except Exception as exc:
+                out["host_error"] = repr(exc)
         drain()
         return out
 
@@ -169,12 +193,17 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         r = mixed_steps(decodes, 128, 30, profile=args.device == "cuda")
         res[f"mixed_step_ms_{decodes}_plus_128"] = r.pop("ms")
         res[f"gpu_busy_{decodes}_plus_128"] = r
+    if args.device == "cuda":
+        # Mixed steps at the batch cap (496 and 840 tokens: pieces by default, eager with
+        # full_decode_only or a lower --piecewise-max-tokens), and where the host's time
+        # goes in each.
+        for decodes, prompt_len in ((240, 256), (240, 600)):
+            r = mixed_steps(decodes, prompt_len, 12, profile=True, host=True)
+            res[f"mixed_step_ms_{decodes}_plus_{prompt_len}"] = r.pop("ms")
+            res[f"gpu_busy_{decodes}_plus_{prompt_len}"] = r
     print("MIXED " + json.dumps(res), flush=True)
     for name in args.profiles if args.profiles_only else ():
-        lengths = workload(args, name)
-        for r in [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]:
-            core.add_request(r)
-        res[name] = timed(drain)
+        res[name] = profiled_run(name)
     if args.profiles_only:
         print("ENGINE-ALONE " + json.dumps(res), flush=True)
         return
@@ -182,6 +211,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         core.add_request(req(f"b1-{trial}", 32, 256))
         t = drain()[f"b1-{trial}"]
     res["b1_decode_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
+    if args.device == "cuda":  # the kernels of 64 batch-1 decode steps
+        core.add_request(req("b1-kernels", 32, 70))
+        for _ in range(4):
+            core.step()
+        res["b1_kernels"] = gpu_busy(lambda: [core.step() for _ in range(64)])
+        drain()
     # The decode step at the batch cap, contexts ~ the heavy profile's prompts.
     for i in range(CONCURRENCY):
         core.add_request(req(f"s{i}", 600, 40))
@@ -195,13 +230,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     for _ in range(n):
         core.step()
     res["step_ms_at_256"] = 1e3 * (time.perf_counter() - start) / n
+    if args.device == "cuda":
+        res["step_256_kernels"] = gpu_busy(lambda: [core.step() for _ in range(8)])
     drain()
     for name in args.profiles:
         lengths = workload(args, name)
-        reqs = [req(f"{name}-{i}", isl, osl) for i, (isl, osl) in enumerate(lengths)]
-        for r in reqs:
-            core.add_request(r)
-        res[name] = timed(drain)
+        res[name] = profiled_run(name)
         if not args.closed_loop:
             continue
         # The same requests, at most CONCURRENCY in the engine at once (as the HTTP load
@@ -211,38 +245,15 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     print("ENGINE-ALONE " + json.dumps(res), flush=True)
 
 
-def gpu_busy(run) -> dict:
-    """The fraction of `run`'s span during which some kernel ran (torch.profiler): below 1,
-    the GPU waited for the host; and the kernels that took the most GPU time."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
-    per_name: dict[str, float] = {}
-    for e in kernels:
-        per_name[e.name[:60]] = per_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us()
-    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:8]
-    return {
-        "busy": busy / (spans[-1][1] - spans[0][0]),
-        "kernels": len(kernels),
-        "top_ms": {name: round(us / 1e3, 2) for name, us in top},
-    }
-
-
 def engine_alone(
-    args: argparse.Namespace, log: Path, config: str = "{}", profiles_only: bool = False
+    args: argparse.Namespace,
+    log: Path,
+    config: str = "{}",
+    profiles_only: bool = False,
+    profiles: list[str] | None = None,
 ) -> dict:
     cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
-    cmd += ["--num-requests", str(args.num_requests), "--profiles", *args.profiles]
+    cmd += ["--num-requests", str(args.num_requests), "--profiles", *(profiles or args.profiles)]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--closed-loop"] if args.closed_loop else []
     cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
@@ -253,75 +264,6 @@ def engine_alone(
     if not m:
         raise RuntimeError(f"the engine-alone run failed:\n{text[-3000:]}")
     return json.loads(m.group(1))
-
-
-# -- the server through HTTP ---------------------------------------------------------------
-
-
-def start_server(args: argparse.Namespace, mdir: Path, extra: list[str], log: Path):
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--device", args.device]
-    cmd += ["--model", str(mdir), "--max-num-seqs", str(CONCURRENCY)]
-    if not args.tiny:
-        cmd += ["--load-format", "dummy", "--dtype", "bfloat16"]
-    handle = log.open("wb")
-    proc = subprocess.Popen(cmd + extra, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        m = re.search(r"at (http://\S+)/v1", text)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            raise RuntimeError(f"stator run exited:\n{text[-3000:]}")
-        time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError(log.read_text(errors="replace")[-3000:])
-
-
-def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path) -> dict:
-    from stator.bench.config import BenchConfig
-    from stator.bench.runner import run_benchmark
-
-    trace = tmp / "trace.jsonl"
-    with trace.open("w") as f:
-        for i, (isl, osl) in enumerate(lengths):  # a block id per request: no shared prefix
-            f.write(
-                json.dumps(
-                    {"timestamp": 0, "input_length": isl, "output_length": osl, "hash_ids": [i]}
-                )
-                + "\n"
-            )
-    cfg = BenchConfig(
-        url=url,
-        endpoint="completions",
-        tokenizer=str(BUNDLED),
-        trace=str(trace),
-        trace_block_size=1 << 20,
-        max_concurrency=CONCURRENCY,
-        num_requests=len(lengths),
-        warmup=8,
-        progress=False,
-        plots=False,
-    )
-    pids = process_tree(server_pid)
-    before, t0 = cpu_seconds(pids), time.perf_counter()
-    summary = asyncio.run(run_benchmark(cfg)).points[0].summary
-    after, wall = cpu_seconds(pids), time.perf_counter() - t0
-    cpu = {
-        f"{process_name(p)} ({p})": 100 * (after[p] - before[p]) / wall
-        for p in after
-        if p in before
-    }
-    return {
-        "ok": summary["successful_requests"],
-        "failed": summary["failed_requests"],
-        "output_tok_s": summary["output_token_throughput"]["avg"],
-        "itl_p50_ms": summary["inter_token_latency"].get("p50"),
-        "ttft_p50_ms": summary["time_to_first_token"].get("p50"),
-        "client_cpu_per_request": summary.get("client_cpu_per_request"),
-        "cpu_pct": cpu,
-    }
 
 
 def main() -> None:
@@ -349,6 +291,13 @@ def main() -> None:
         help="NAME=JSON: also time the engine alone with these NativeConfig fields (e.g. "
         'eager_mixed={"cudagraph_mode": "full_decode_only"}), both profiles, all at once',
     )
+    ap.add_argument(
+        "--engine-profiles",
+        nargs="+",
+        choices=list(PROFILES),
+        help="the profiles the engine alone and its variants run (default: --profiles)",
+    )
+    ap.add_argument("--skip-http", action="store_true", help="the engine alone only")
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
@@ -370,16 +319,17 @@ def main() -> None:
         name: floor(workload(args, name), cfg, res["rates"], CONCURRENCY) for name in args.profiles
     }
     if not args.skip_engine:
-        res["engine"] = engine_alone(args, out / "engine_alone.log")
+        res["engine"] = engine_alone(args, out / "engine_alone.log", profiles=args.engine_profiles)
         print("engine alone:", json.dumps(res["engine"]), flush=True)
     for name, config in (v.partition("=")[::2] for v in args.engine_variant):
         log = out / f"engine_alone_{name}.log"
-        r = engine_alone(args, log, config, profiles_only=True)
+        r = engine_alone(args, log, config, profiles_only=True, profiles=args.engine_profiles)
         res.setdefault("engine_variants", {})[name] = r
         print(f"engine alone {name}:", json.dumps(r), flush=True)
         (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))
-    for name, flags in variants:
-        proc, url = start_server(args, mdir, shlex.split(flags), out / f"server_{name}.log")
+    for name, flags in [] if args.skip_http else variants:
+        extra = shlex.split(flags)
+        proc, url = start_server(args.device, args.tiny, mdir, extra, out / f"server_{name}.log")
         try:
             for profile in args.profiles:
                 r = http_bench(url, workload(args, profile), proc.pid, tmp)

@@ -8,6 +8,7 @@ import importlib
 import sys
 
 from stator import __version__
+from stator.cli.quick_exit import SERVING_COMMANDS, QuickExit
 
 # Subcommand module names, in the order `--help` lists them. Each module defines
 # `register(subparsers)`, which adds its parser and sets `func` to a callable(args) -> int.
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand. `argv` None: this process is the `stator` command (serving
+    commands then end it without the interpreter's teardown: `quick_exit.py`)."""
+    quick_exit = QuickExit.install() if argv is None else None
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, _unknown = parser.parse_known_args(argv)
@@ -57,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     from stator.logs import setup_logging
 
     setup_logging(args.log_level)
-    return int(args.func(args) or 0)
+    code = int(args.func(args) or 0)
+    if quick_exit is not None and args.command in SERVING_COMMANDS:
+        quick_exit.arm(code)
+    return code
 
 
 if __name__ == "__main__":

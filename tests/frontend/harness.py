@@ -23,6 +23,8 @@ from stator.runtime import Runtime, RuntimeConfig
 from stator.runtime.discovery import mem as mem_discovery
 
 STORE = "frontend-tests"
+# Seconds each step of `Stack.stop` may take (uvicorn gives in-flight responses 5 s).
+STOP_STEP_TIMEOUT = 20.0
 
 
 def engine_handler(engine: Engine):
@@ -93,12 +95,22 @@ class Stack:
         return runtime
 
     async def _stop(self) -> None:
-        for runtime in self.workers:
-            await runtime.shutdown()
+        """The frontend first, so that its HTTP streams end before the workers behind
+        them go away. Each step is bounded: a stuck step fails the teardown, naming it,
+        instead of hanging it."""
         if self._frontend_cm is not None:
-            await self._frontend_cm.__aexit__(None, None, None)
+            await self._bounded(self._frontend_cm.__aexit__(None, None, None), "the frontend")
         if self.frontend_runtime is not None:
-            await self.frontend_runtime.shutdown()
+            await self._bounded(self.frontend_runtime.shutdown(), "the frontend's runtime")
+        for runtime in self.workers:
+            await self._bounded(runtime.shutdown(), "a worker's runtime")
+
+    @staticmethod
+    async def _bounded(step: Coroutine[Any, Any, Any], what: str) -> None:
+        try:
+            await asyncio.wait_for(step, STOP_STEP_TIMEOUT)
+        except TimeoutError:
+            raise AssertionError(f"stopping {what} took over {STOP_STEP_TIMEOUT}s") from None
 
     # -- from the test's thread ------------------------------------------------------
 
@@ -118,9 +130,11 @@ class Stack:
         self.workers.remove(runtime)
         self.call(runtime.shutdown())
 
-    def wait_for_model(self, name: str, timeout: float = 30.0) -> None:
+    def wait_for_model(self, name: str, timeout: float = 120.0) -> None:
+        """Until the frontend serves `name`: its pipeline loads the model's tokenizer (on a
+        busy machine, o200k_harmony's takes 15-30 s)."""
         assert self.frontend is not None
-        self.call(self.frontend.manager.wait_for_model(name, timeout))
+        self.call(self.frontend.manager.wait_for_model(name, timeout), timeout + 10)
 
     @property
     def base_url(self) -> str:
@@ -129,7 +143,7 @@ class Stack:
 
     def stop(self) -> None:
         try:
-            self.call(self._stop())
+            self.call(self._stop(), timeout=4 * STOP_STEP_TIMEOUT)
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)

@@ -81,6 +81,8 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_prefill_chunk=config.max_prefill_chunk,
             max_loras=config.max_loras if config.enable_lora else 0,
+            num_continuous_decode_steps=config.num_continuous_decode_steps
+            or (4 if self.runner.device.type == "cuda" else 1),
         )
         self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
         self.guidance = Guidance(

@@ -20,9 +20,12 @@ every op is row-wise, and attention runs on the first T rows only. No host sync 
 One replay replaces ~10 kernel launches per layer (norms, projections, RoPE, store, MLP),
 about 3 of 4 launches of a mixed step. Measured on an H100 (8B shape, bf16): a step of 16,
 64 or 240 decodes plus one 128-token prompt took 8.4 / 9.4 / 11.4 ms against 14.3 / 16.2 /
-17.5 ms eagerly, the GPU busy 89-95% of it against 37-56%. Steps of many hundreds of tokens
-are GPU-bound even eagerly: there the padding and the q/k/v copies cost ~2-3% and gain
-nothing, hence the default limit of 512 tokens (`--piecewise-max-tokens`).
+17.5 ms eagerly, the GPU busy 89-95% of it against 37-56%. At the batch cap the eager
+launches alone cost the host ~30 ms a step: 240 decodes plus a 600-token prompt took 21.6 ms
+as pieces against 35.0 ms eagerly (GPU busy 97% against 61%), and whole ShareGPT-like runs
+(mixed steps of ~760 tokens) were 1.06x faster with pieces up to 2,048 tokens. Past ~1,000
+tokens a step's matmuls bound it anyway and the padding (64-token buckets there) and the
+q/k/v copies cost ~2-3%, hence the default limit of 1,024 tokens (`--piecewise-max-tokens`).
 
 Covered: dense decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2,
 Qwen3), one device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary

@@ -6,6 +6,14 @@ admitted while the budget, `max_num_seqs` and the free KV blocks allow, so prefi
 and decodes share a step. When a running sequence cannot get a block, the most recently
 admitted one is preempted: its blocks are freed and it is recomputed later (its cached
 full blocks usually survive in the prefix cache, which makes the recompute cheap).
+
+`num_continuous_decode_steps` N > 1 (SGLang's flag) admits new prompts at most every N
+steps while sequences decode: the oldest waiting prompt sits out up to N - 1 steps, and
+the prompts that arrived meanwhile are prefilled together. Most steps are then pure decode
+steps, at the price of a larger step now and then and a later first token. Prompts left
+waiting by the budget, `max_num_seqs` or memory (a backlog, not a gap in arrivals) are
+admitted as before, every step, and so is any prompt while nothing decodes (an idle
+engine, a prefill worker's chunked prompts).
 """
 
 from __future__ import annotations
@@ -40,21 +48,31 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_prefill_chunk: int = 0,
         max_loras: int = 0,
+        num_continuous_decode_steps: int = 1,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if num_continuous_decode_steps < 1:
+            raise ValueError(
+                "--num-continuous-decode-steps must be 1 or more (0: auto), got "
+                f"{num_continuous_decode_steps}"
+            )
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_chunk = max_prefill_chunk
         # The most distinct LoRA adapters running at once (the device's slots); 0 = no limit.
         self.max_loras = max_loras
+        self.num_continuous_decode_steps = num_continuous_decode_steps
+        self.num_steps = 0  # calls of `schedule`
+        self._backlog = False  # the last admission left prompts waiting for capacity
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
+        seq.queued_at_step = self.num_steps
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -88,6 +106,7 @@ class Scheduler:
         return sum(s.num_tokens - s.num_computed_tokens for s in self.waiting)
 
     def schedule(self) -> ScheduledBatch:
+        self.num_steps += 1
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         i = 0
@@ -107,6 +126,8 @@ class Scheduler:
                 i += 1
         if batch.preempted:
             return batch  # memory is short: do not admit anything new this step
+        if not self._admitting():
+            return batch
         adapters = self._running_adapters()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -133,7 +154,20 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+        self._backlog = bool(self.waiting)
         return batch
+
+    def _admitting(self) -> bool:
+        """Whether this step may admit waiting sequences: once the oldest has sat out N - 1
+        steps, or while nothing decodes (see the module)."""
+        if not self.waiting or self.num_continuous_decode_steps == 1 or self._backlog:
+            return True
+        head = self.waiting[0]
+        if head.block_ids:
+            return True  # its prompt KV was pulled from a prefill worker: nothing to group
+        if self.num_steps - head.queued_at_step >= self.num_continuous_decode_steps:
+            return True
+        return not any(s.num_computed_tokens >= s.num_prompt_tokens for s in self.running)
 
     def _running_adapters(self) -> set[int] | None:
         if not self.max_loras:

@@ -33,7 +33,7 @@ from stator.kv.transfer import kernel
 log = logging.getLogger(__name__)
 
 MIN_BUCKET = 16  # blocks (256 tokens of 16): smaller pulls share one graph
-HOST_SLOTS = 8  # pinned id buffers in turn: a pull rewrites one only once its copy was read
+HOST_SLOTS = 8  # pinned id buffers in turn: a pull rewrites one only once its upload ran
 
 
 def bucket(n: int) -> int:
@@ -83,8 +83,12 @@ class PeerCopier:
         cap, slot = self._cap, self._slot
         self._slot = (slot + 1) % HOST_SLOTS
         read = self._host_read[slot]
-        if read is not None:
-            read.synchronize()  # this slot's last upload is done (long ago, as a rule)
+        if read is not None and not read.query():
+            # Its last upload is still queued (more than HOST_SLOTS pulls in flight): a
+            # fresh buffer, not a wait on the event loop; the host allocator keeps the old
+            # one until that copy is done.
+            self._host[slot] = torch.zeros_like(self._host[slot]).pin_memory()
+            self._host_np[slot] = self._host[slot].numpy()
         host = self._host_np[slot]
         host[0] = n
         host[1 : 1 + n] = np.asarray(remote, dtype=np.int32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -103,7 +104,8 @@ class ServeSide:
                 elif op == "acquire":
                     await wire.send(writer, {"ok": True})
                 elif op == "read":
-                    await tcp.send_blocks(self.pool, writer, blocks)
+                    recheck = functools.partial(self._check, pin, blocks)
+                    await tcp.send_blocks(self.pool, writer, blocks, recheck)
                 else:
                     await wire.send(writer, {"ok": False, "error": f"unknown op {op!r}"})
         except Exception:

@@ -1,12 +1,13 @@
 """The TCP transport: the prefill side's server sends the pinned blocks' bytes over the
-socket in chunks, block-major; the decode side scatters each chunk straight into its pool
-(no per-block Python objects). For any two processes, CPU or GPU, across hosts without
+socket in chunks, block-major, then whether they stayed pinned; the decode side scatters
+each chunk straight into its pool (no per-block Python objects). For any two processes, CPU or GPU, across hosts without
 RDMA (or without NIXL)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -22,8 +23,17 @@ class TcpRefused(Exception):
     """The prefill side refused the read (its message says why)."""
 
 
-async def send_blocks(pool: torch.Tensor, writer: asyncio.StreamWriter, blocks: list[int]) -> None:
-    """Prefill side: the header (bytes per chunk), then the chunks."""
+async def send_blocks(
+    pool: torch.Tensor,
+    writer: asyncio.StreamWriter,
+    blocks: list[int],
+    unpinned: Callable[[], str | None],
+) -> None:
+    """Prefill side: the header (bytes per chunk), the chunks, then whether the blocks
+    are still pinned (`unpinned()`: None, or why not). Pinned after the last chunk was
+    read means pinned while every chunk was (a pin never comes back once gone); a pin
+    that ran out mid-read (its timeout, on a slow link) may have had its blocks reused,
+    so the decode side then discards what it received."""
     size = block_bytes(pool)
     per_chunk = max(1, TCP_CHUNK_BYTES // size)
     chunks = [blocks[i : i + per_chunk] for i in range(0, len(blocks), per_chunk)]
@@ -32,6 +42,8 @@ async def send_blocks(pool: torch.Tensor, writer: asyncio.StreamWriter, blocks: 
         data = await asyncio.to_thread(_host_bytes, pool, ids)
         writer.write(data)
         await writer.drain()
+    problem = unpinned()
+    await wire.send(writer, {"ok": problem is None, "error": problem})
 
 
 def _host_bytes(pool: torch.Tensor, ids: list[int]) -> memoryview:
@@ -71,6 +83,9 @@ async def pull(
             rows = rows.view(pool.dtype).view(shape)
             await asyncio.to_thread(_scatter, pool, stream, local[done : done + n], rows)
             done += n
+        trailer = await asyncio.wait_for(wire.receive(reader), timeout)
+        if not trailer.get("ok"):
+            raise TcpRefused(f"unpinned while read: {trailer.get('error')}")
         return done * size
     finally:
         writer.close()

@@ -1,8 +1,10 @@
 """The KV transfer server's wire format: a length-prefixed msgpack message each way,
-then, for a `read`, the blocks' raw bytes (block-major, chunk after chunk).
+then, for a `read`, the blocks' raw bytes (block-major, chunk after chunk) and a last
+message saying whether they stayed pinned while read.
 
     caller -> server   {"op": "acquire" | "read" | "release", "pin": id, "blocks": [...]}
     server -> caller   {"ok": bool, "error": str?, "chunks": [bytes per chunk]?}
+    (read, after the chunks)   {"ok": bool, "error": str?}
 """
 
 from __future__ import annotations

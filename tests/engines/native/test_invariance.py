@@ -87,3 +87,18 @@ def test_forced_preemption_recomputes_the_same_tokens(setup):
         solo = run_all(core_for(model_dir), [r for r in requests if r.request_id == rid])
         assert tokens_of(out[rid]) == tokens_of(solo[rid])
     assert core.blocks.num_used_blocks == 0
+
+
+def test_continuous_decode_steps_delay_a_prompt_not_its_tokens(setup):
+    model_dir, target, alone = setup
+    assert core_for(model_dir).scheduler.num_continuous_decode_steps == 1  # auto, on the CPU
+    core = core_for(model_dir, num_continuous_decode_steps=4)
+    core.add_request(greedy_request("n", prompt(14, 9), 40))
+    core.step()  # n prefills alone
+    core.add_request(greedy_request("t", target, STEPS))
+    steps_to_first, outputs = 0, []
+    while core.has_work():
+        steps_to_first += not outputs
+        outputs += [out for rid, out in core.step() if rid == "t"]
+    assert steps_to_first == 4  # 3 steps of n alone, then t's prefill
+    assert tokens_of(outputs) == alone

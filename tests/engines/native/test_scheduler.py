@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.request import SamplingSpec, Sequence, Status
 from stator.engines.native.scheduler import Scheduler
@@ -129,3 +131,80 @@ def test_a_retired_sequence_keeps_its_blocks_until_removed():
     assert sched.has_work()
     sched.remove(a)
     assert a.block_ids == [] and a.status is Status.FINISHED
+
+
+def ids(batch) -> list[tuple[str, int]]:
+    return [(s.request_id, n) for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)]
+
+
+def test_continuous_decode_steps_group_new_prompts_into_one_step():
+    sched = make(num_continuous_decode_steps=3, max_num_batched_tokens=64)
+    a = seq("a", 4)
+    sched.add(a)
+    batch = sched.schedule()  # nothing runs: admitted at once
+    assert ids(batch) == [("a", 4)]
+    advance(sched, batch)
+    b = seq("b", 4)
+    sched.add(b)
+    batch = sched.schedule()  # b waits: a decodes alone
+    assert ids(batch) == [("a", 1)]
+    advance(sched, batch)
+    c = seq("c", 4)
+    sched.add(c)
+    batch = sched.schedule()
+    assert ids(batch) == [("a", 1)]
+    advance(sched, batch)
+    batch = sched.schedule()  # b has waited 2 steps: b and c prefill together
+    assert ids(batch) == [("a", 1), ("b", 4), ("c", 4)]
+    advance(sched, batch)
+    d = seq("d", 4)
+    sched.add(d)
+    assert ids(sched.schedule()) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_one_continuous_decode_step_admits_every_step():
+    sched = make(max_num_batched_tokens=64)
+    a = seq("a", 4)
+    sched.add(a)
+    advance(sched, sched.schedule())
+    sched.add(seq("b", 4))
+    assert ids(sched.schedule()) == [("a", 1), ("b", 4)]
+
+
+def test_continuous_decode_steps_keep_admitting_a_backlog_cut_by_the_budget():
+    # Prompts that waited long enough but did not fit one step's budget go in the next.
+    sched = make(num_continuous_decode_steps=4, max_num_batched_tokens=10)
+    for name in "abc":
+        sched.add(seq(name, 6))
+    batch = sched.schedule()
+    assert ids(batch) == [("a", 6), ("b", 4)]
+    advance(sched, batch)
+    batch = sched.schedule()
+    assert ids(batch) == [("a", 1), ("b", 2), ("c", 6)]
+
+
+def test_continuous_decode_steps_admit_at_once_while_nothing_decodes():
+    # A prefill worker's steps: chunked prompts only, nothing to protect from a prefill.
+    sched = make(num_continuous_decode_steps=4, max_num_batched_tokens=16)
+    sched.add(seq("a", 20))
+    advance(sched, sched.schedule())
+    sched.add(seq("b", 4))
+    assert ids(sched.schedule()) == [("a", 4), ("b", 4)]
+
+
+@pytest.mark.parametrize("steps", [0, -1])
+def test_continuous_decode_steps_must_be_positive(steps):
+    with pytest.raises(ValueError, match="num-continuous-decode-steps"):
+        make(num_continuous_decode_steps=steps)
+
+
+def test_continuous_decode_steps_gate_arrivals_again_once_the_backlog_is_in():
+    sched = make(num_continuous_decode_steps=4, max_num_batched_tokens=10)
+    for name in "ab":
+        sched.add(seq(name, 6))
+    advance(sched, sched.schedule())
+    batch = sched.schedule()  # b's rest: the queue is empty again
+    assert ids(batch) == [("a", 1), ("b", 2)]
+    advance(sched, batch)
+    sched.add(seq("c", 6))
+    assert ids(sched.schedule()) == [("a", 1), ("b", 1)]

@@ -119,3 +119,27 @@ async def test_a_prefill_server_that_goes_quiet_fails_the_pull_after_the_timeout
         for writer in accepted:
             writer.close()
         server.close()
+
+
+async def test_a_pin_that_runs_out_while_its_blocks_are_read_fails_the_tcp_pull():
+    """The prefill side checks the pin before the first chunk and again after the last:
+    gone by then (its timeout passed mid-read), the blocks may have been reused, so the
+    decode side discards what it got."""
+    pins = {"p1": [1, 2, 3]}
+    checks: list[str] = []
+
+    def lookup(pin: str):
+        checks.append(pin)
+        return pins.pop(pin, None)  # pinned at the first check only: expires mid-read
+
+    src = torch.randn(pool_shape(2, 8, 4, 2, 8))
+    prefill = KvTransferAgent(TransferConfig(kind="tcp"), src, pins=lookup)
+    await prefill.serve()
+    decode = KvTransferAgent(TransferConfig(kind="tcp"), torch.zeros(pool_shape(2, 8, 4, 2, 8)))
+    try:
+        with pytest.raises(TransferError, match="unpinned while read"):
+            await decode.pull(prefill.describe(), "p1", [1, 2], [5, 6])
+        assert checks == ["p1", "p1"]
+    finally:
+        await decode.close()
+        await prefill.close()

@@ -153,3 +153,12 @@ def test_peer_copier_copies_exactly_the_named_blocks_for_any_count(graphs):
         copier.launch(remote, local)[1].synchronize()
         _check(src, dst, remote, local)
     assert copier.graphs is graphs and bucket(100) == 128 and bucket(3) == 16
+    # More pulls in flight than pinned id slots (a burst): each still copies its own ids.
+    dst.zero_()
+    local_ids = rng.sample(range(150), 120)
+    pulls = [(rng.sample(range(200), 5), local_ids[5 * i : 5 * i + 5]) for i in range(24)]
+    for remote, local in pulls:
+        copier.launch(remote, local)
+    torch.cuda.synchronize(dst.device)
+    for remote, local in pulls:
+        assert torch.equal(dst[:, :, local].cpu(), src[:, :, remote].cpu())
