@@ -33,7 +33,7 @@ if [ -f "$TOKENIZER" ]; then B="$B --tokenizer-json $TOKENIZER"; fi
 run 170 engine_20b_mxfp4 $B --model 20b --parts moe engine --profile
 run 240 http_20b $B --model 20b --parts http
 run 150 tests python3 -m pytest -q -p no:cacheprovider -m gpu \
-  -k "fused_moe or grouped_gemms or router_kernel or expanded or float32_matches or half2 or gemv" \
+  -k "fused_moe or grouped_gemms or alignment or router_kernel or expanded or float32_matches or half2 or gemv" \
   tests/engines/native/test_gpu_gpt_oss.py tests/engines/native/test_kernels.py
 run 110 engine_120b_mxfp4 $B --model 120b --parts engine --batch-sizes 1 16 64 \
   --max-model-len 4096 --gpu-memory-utilization 0.95

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -116,10 +117,12 @@ GEMV_SWEEP = {
 }
 GEMM_SWEEP = {
     64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3))],
-    256: [("words", (32, 128, 128, 4, 3)), ("words", (32, 64, 128, 4, 3)),
-          ("scaled", (32, 128, 64, 4, 3)), ("scaled", (64, 128, 64, 4, 3)),
-          ("scaled", (64, 64, 64, 4, 3)), ("scaled", (64, 128, 128, 8, 3)),
-          ("words", (64, 64, 128, 4, 3))],
+    256: [("words", (32, 64, 128, 4, 3)), ("scaled", (64, 64, 64, 4, 3)),
+          ("scaled", (32, 64, 64, 4, 3))],
+    512: [("scaled", (64, 64, 64, 4, 3)), ("scaled", (128, 64, 64, 4, 3)),
+          ("scaled", (128, 128, 64, 8, 3))],
+    2048: [("scaled", (128, 64, 64, 4, 3)), ("scaled", (128, 128, 64, 8, 3)),
+           ("scaled", (64, 64, 64, 4, 3))],
 }  # fmt: skip
 
 
@@ -157,7 +160,14 @@ def _sweep(apply, configs, fn, n: int, check=None) -> tuple[dict, tuple]:
 
 
 @torch.inference_mode()
-def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
+def install_best_modes(best_mode: dict) -> list:
+    """fused_moe.MODES from the sweep: each swept size's fastest mode, up to its pairs."""
+    sizes = sorted(best_mode)
+    modes = [(4 * t, min(best_mode[t], key=best_mode[t].get)) for t in sizes]
+    return [*modes[:-1], (1 << 62, modes[-1][1])]
+
+
+def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: bool = False) -> dict:
     """The fused MoE of one layer alone (router included; CUDA graphs): sweeps of the
     streaming kernels' tiles at batch 1, of the grouped GEMMs' MXFP4 modes and tiles at 64
     and 256 tokens, the crossovers streaming/GEMM
@@ -191,20 +201,22 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
         else:
             moe_gemv.CONFIG[mode] = cfg
 
-    times, best = _sweep(gemv_cfg, GEMV_SWEEP[mode], lambda: moe(xs[1]), 50, checker(xs[1]))
-    res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
-    res["b1_bandwidth_frac"] = round(4 * per_expert / best[0] / bandwidth, 3)
+    if not gemm_only:
+        times, best = _sweep(gemv_cfg, GEMV_SWEEP[mode], lambda: moe(xs[1]), 50, checker(xs[1]))
+        res["sweep_us"]["b1"], res["best"]["b1"] = times, best[1]
+        res["b1_bandwidth_frac"] = round(4 * per_expert / best[0] / bandwidth, 3)
     saved_min_pairs, moe_dequant.MIN_PAIRS = moe_dequant.MIN_PAIRS, 0
     best_mode: dict = {}
     for tokens, configs in GEMM_SWEEP.items():
+        if tokens not in xs:
+            xs[tokens] = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         pairs = tokens * 4
         if not packed:
             configs = [("bytes", c) for m, c in configs if m == "scaled"]
 
         def gemm_cfg(cfg, pairs=pairs):
             fm.MXFP4_GEMM, tile = cfg
-            tables = {"words": fm.WORD_CONFIGS, "scaled": fm.SCALED_CONFIGS}
-            table = tables.get(fm.MXFP4_GEMM, fm.CONFIGS)
+            table = fm.config_table(fm.MXFP4_GEMM)
             slot = next(i for i, (most, _) in enumerate(table) if pairs <= most)
             table[slot] = (table[slot][0], tile)
 
@@ -222,6 +234,12 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float) -> dict:
     # Back to choosing the mode by size (fused_moe.mxfp4_mode), each mode's best tiles kept.
     res["best_by_mode_us"] = best_mode
     fm.MXFP4_GEMM = None
+    if gemm_only:  # the best mode of each size installed (the engine runs that follow)
+        moe_dequant.MIN_PAIRS = saved_min_pairs
+        fm.MODES = install_best_modes(best_mode)
+        res["installed"] = {"modes": fm.MODES,
+                            "scaled": fm.SCALED_CONFIGS, "words": fm.WORD_CONFIGS}  # fmt: skip
+        return res
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
         row = {}
@@ -354,12 +372,13 @@ def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
     from stator.bench.config import BenchConfig
     from stator.bench.runner import run_benchmark
 
-    log = out / f"stator_run_{moe_weights}.log"
+    log = out / f"stator_run_{args.name}.log"
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--model", str(model_dir),
            "--load-format", "dummy", "--dtype", "bfloat16", "--moe-weights", moe_weights,
            "--max-model-len", str(args.max_model_len), "--max-num-seqs", "256",
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]  # fmt: skip
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+           *shlex.split(args.serve_args)]  # fmt: skip
     with log.open("wb") as handle:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
     try:
@@ -399,7 +418,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="20b")
     ap.add_argument(
-        "--parts", nargs="+", default=["moe", "engine"], choices=["moe", "engine", "http"]
+        "--parts", nargs="+", default=["moe", "engine"], choices=["moe", "gemm", "engine", "http"]
     )
     ap.add_argument("--moe-weights", default="mxfp4", choices=["mxfp4", "bf16"])
     ap.add_argument("--tokenizer-json", type=Path)
@@ -415,6 +434,7 @@ def main() -> None:
         help="kernels/moe_dequant.MIN_PAIRS (0 = never; default: the module's): expand MXFP4 "
         "experts to bf16 from this many pairs",
     )
+    ap.add_argument("--serve-args", default="", help="more `stator run` arguments (http)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     from stator.engines.native.kernels import moe_dequant
@@ -427,6 +447,8 @@ def main() -> None:
     args.name = f"gpt_oss_{args.model}_{mode}_{'_'.join(args.parts)}"
     if args.expand_min_pairs is not None:
         args.name += f"_expand{args.expand_min_pairs}"
+    if args.serve_args:
+        args.name += "_" + re.sub(r"[^A-Za-z0-9]+", "_", args.serve_args).strip("_")
     res["expand_min_pairs"] = moe_dequant.MIN_PAIRS
     bandwidth = copy_bandwidth()
     res["copy_bandwidth_gb_s"] = round(bandwidth / 1e9, 1)
@@ -437,13 +459,18 @@ def main() -> None:
         for part in args.parts:
             if part == "http":
                 res["http"] = bench_http(args, model_dir, mode, args.out)
-            elif part == "moe":
-                res["moe_layer"] = bench_moe_layer(mode == "mxfp4", experts, bandwidth)
+            elif part in ("moe", "gemm"):  # gemm: the grouped GEMMs' sweep only
+                res["moe_layer"] = bench_moe_layer(
+                    mode == "mxfp4", experts, bandwidth, gemm_only=part == "gemm"
+                )
             else:
                 res["engine"] = bench_engine(args, model_dir, args.model, mode, bandwidth)
             gc.collect()
             torch.cuda.empty_cache()
-            print(json.dumps(res[{"moe": "moe_layer"}.get(part, part)]), flush=True)
+            print(
+                json.dumps(res[{"moe": "moe_layer", "gemm": "moe_layer"}.get(part, part)]),
+                flush=True,
+            )
             save(args, res)
     print(save(args, res))
 

@@ -27,9 +27,8 @@ as pieces against 35.0 ms eagerly (GPU busy 97% against 61%), and whole ShareGPT
 tokens a step's matmuls bound it anyway and the padding (64-token buckets there) and the
 q/k/v copies cost ~2-3%, hence the default limit of 1,024 tokens (`--piecewise-max-tokens`).
 
-Covered: decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2, Qwen3,
-GPT-OSS: its MoE sorts tokens by expert on the device, at shapes the bucket fixes), one
-device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary
+Covered: dense decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2,
+Qwen3), one device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary
 hidden states run eagerly (`eligible`); so do tensor-parallel runners (their collectives
 inside a graph need symmetric-memory buffers sized for every bucket: not built).
 """

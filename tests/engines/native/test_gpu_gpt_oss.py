@@ -95,6 +95,18 @@ def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
     assert ((ours - ref).norm() / ref.norm()) < 2e-2
 
 
+@pytest.mark.parametrize(("pairs", "local", "block_m"), [(1024, 32, 32), (32768, 32, 128),
+                                                         (3000, 128, 16), (100, 7, 16),
+                                                         (5, 7, 16)])  # fmt: skip
+def test_one_launch_alignment_equals_the_torch_ops(pairs, local, block_m):
+    from stator.engines.native.kernels.moe_align import align, align_reference
+
+    ids = torch.randint(0, local + 1, (pairs,), device="cuda")
+    ids[: pairs // 3] = ids[0]  # one expert crowded
+    got, want = align(ids, local, block_m), align_reference(ids, local, block_m)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("tokens", [1, 64, 300])
 def test_router_kernel_matches_torch_topk(tokens):
     """kernels/moe_route.py against torch.topk + softmax: the same k logits (an exact tie

@@ -1,7 +1,8 @@
 """GPT-OSS's MoE kernels (router, streaming decode kernels, grouped GEMMs byte- and
-word-wise, the expanded prefill path) run by Triton's interpreter on the CPU in float32,
-against the PyTorch reference, in tiny shapes: 5 or 6 experts, top-3 and top-4, a hidden
-size that no 128-value step divides, another tensor-parallel rank's experts."""
+word-wise, the expanded prefill path; the one-launch expert sort) run by Triton's
+interpreter on the CPU in float32, against the PyTorch reference, in tiny shapes: 5 or 6
+experts, top-3 and top-4, a hidden size that no 128-value step divides, another
+tensor-parallel rank's experts."""
 
 from __future__ import annotations
 
@@ -104,3 +105,30 @@ print("ok")
 
 def test_moe_kernels_match_the_reference_in_the_interpreter():
     run_interpreted(_CHECK, timeout=900)
+
+
+_ALIGN_CHECK = (
+    NUMPY2_INDEX_PATCH
+    + r"""
+import torch
+from stator.engines.native.kernels.moe_align import align, align_reference
+
+g = torch.Generator().manual_seed(0)
+# (pairs, local experts, block_m): more pairs than one chunk (256 at 32 experts), an expert
+# count that is no power of two, ids `local` (another rank's experts), the fewest pairs
+# the kernel takes (33) and fewer (the torch ops).
+for pairs, local, block_m in ((40, 5, 16), (1100, 32, 32), (300, 7, 64), (33, 4, 16),
+                              (5, 7, 16)):
+    ids = torch.randint(0, local + 1, (pairs,), generator=g)
+    ids[: pairs // 3] = ids[0]  # one expert crowded
+    got, want = align(ids, local, block_m), align_reference(ids, local, block_m)
+    assert torch.equal(got[0], want[0]), (pairs, local, block_m, "sorted")
+    assert torch.equal(got[1], want[1]), (pairs, local, block_m, "blocks")
+print("ok")
+"""
+)
+
+
+def test_one_launch_alignment_equals_the_torch_ops_in_the_interpreter():
+    """moe_align.align against align_reference, element for element."""
+    run_interpreted(_ALIGN_CHECK, timeout=300)

@@ -1,7 +1,7 @@
 """Fused mixture of experts on CUDA: sort the (token, expert) pairs by expert, then two
 grouped GEMMs over those groups, with experts in bf16 or packed MXFP4.
 
-Alignment (`moe_align`, torch ops, no host sync, so it runs inside CUDA graphs): the
+Alignment (`moe_align.py`, one launch, no host sync, so it runs inside CUDA graphs): the
 T * k pairs are sorted by local expert and each expert's run is padded to a multiple of
 BLOCK_M; `block_expert[b]` names the expert of the b-th BLOCK_M rows (`local` = none: the
 program exits). Pairs routed to another rank's experts are left out (their rows stay 0).
@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels.moe_align import align
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
 
 
@@ -189,35 +190,6 @@ def _moe_down_kernel(
     )
 
 
-def moe_align(
-    local_ids: torch.Tensor, local: int, block_m: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted pair ids [blocks * block_m], padded with num_pairs; expert of each block,
-    `local` past the last) for pair expert ids `local_ids` [T * k] in [0, local] (local:
-    another rank's expert). Shapes depend only on T * k, local and block_m."""
-    pairs = local_ids.numel()
-    dev = local_ids.device
-    num_blocks = triton.cdiv(pairs + local * (block_m - 1), block_m)
-    counts = torch.zeros(local + 1, dtype=torch.long, device=dev)
-    counts.scatter_add_(0, local_ids, torch.ones_like(local_ids))
-    padded = (counts[:local] + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    # [local + 1] each expert's first row; the last, the drop slot of other ranks' pairs.
-    # (Built on the device: a host scalar written into a tensor breaks graph capture.)
-    drop = ends.new_full((1,), num_blocks * block_m)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1], drop])
-    first_of = torch.cumsum(counts, 0) - counts  # each expert's first place in `order`
-    order = torch.sort(local_ids, stable=True).indices
-    expert = local_ids[order]
-    rank = torch.arange(pairs, device=dev) - first_of[expert]
-    place = starts[expert] + rank * (expert < local)
-    sorted_ids = torch.full((num_blocks * block_m + 1,), pairs, dtype=torch.long, device=dev)
-    sorted_ids.scatter_(0, place, order)
-    block_starts = torch.arange(num_blocks, device=dev) * block_m
-    block_expert = torch.searchsorted(ends, block_starts, right=True)
-    return sorted_ids[:-1], block_expert
-
-
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by the most (token, expert) pairs they serve.
 # Measured on H100, 20B shapes, MXFP4, one layer as a CUDA graph (benchmarks/gpt_oss_gpu.py,
 # 2026-11-27): 64 tokens 712-801 us with (16, 128, 64, 4, 3) vs 732-1,146 for the others
@@ -233,7 +205,7 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 # How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
 # q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
-# only: it upcasts to bf16 on Hopper). None: by size, words up to WORDS_MAX_PAIRS (token,
+# only: it upcasts to bf16 on Hopper). None: by size from MODES, words up to 512 (token,
 # expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
 # (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 414-436 us words vs 497-530 scaled;
 # 256 tokens 763 words vs 640 scaled with SCALED_CONFIGS' 64 x 64 tiles; 512 / 1,024 /
@@ -241,14 +213,20 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
 # (scaled faster); it was not measured closer: 512 is the middle.
 MXFP4_GEMM: str | None = None
-WORDS_MAX_PAIRS = 512
+MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pairs, mode)
 _MX = {"bytes": 0, "words": 1, "scaled": 2}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
-# (32, 128, 64, 4, 3) 838; above 1,024 pairs CONFIGS' large tile.
+# (32, 128, 64, 4, 3) 838. With moe_align.py (2026-11-27, two calls): 256 tokens 558-564
+# us; 512 tokens (2,048 pairs) 817-820 with (64, 64, 64, 4, 3) against 850 with (128, 64,
+# 64, 4, 3) and 1,000-1,008 with (128, 128, 64, 8, 3); 2,048 tokens 1,938 with (128, 64,
+# 64, 4, 3) against 2,297 and 2,303 for the other two (the crossover, between 2,048 and
+# 8,192 pairs, was not measured). Gate and up as one dot of interleaved rows measured
+# 9-14% slower (610 / 888 / 2,620 us at 256 / 512 / 2,048 tokens): not kept.
 SCALED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (64, 64, 64, 4, 3)),
-    (1 << 62, (128, 128, 64, 8, 3)),
+    (4096, (64, 64, 64, 4, 3)),
+    (1 << 62, (128, 64, 64, 4, 3)),
 ]
 # The table of `_words_dot`: BLOCK_K >= 128 (eight dots of BLOCK_K / 8 >= 16). Same runs:
 # 64 tokens 412-436 us with (16, 64, 128, 4, 3) vs 447-539 for other word tiles and 605
@@ -267,17 +245,22 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 GEMV_MAX_PAIRS = 32
 
 
+def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
+    """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
+    return {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
+
+
 def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
-    mode = MXFP4_GEMM or ("words" if pairs <= WORDS_MAX_PAIRS else "scaled")
-    return "words" if mode == "scaled" and dtype != torch.bfloat16 else mode
+    mode = MXFP4_GEMM or next(m for most, m in MODES if pairs <= most)
+    if dtype != torch.bfloat16:  # tl.dot_scaled takes bf16 activations
+        return "words" if mode == "scaled" else mode
+    return mode
 
 
 def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
-    words = mode == "words"
-    table = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
-    block_m, block_n, block_k, warps, stages = next(c for n, c in table if pairs <= n)
-    if words:  # masked: K need not divide by BLOCK_K
+    block_m, block_n, block_k, warps, stages = next(c for n, c in config_table(mode) if pairs <= n)
+    if mode == "words":  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
     while hidden % block_k or inter % block_k:
         block_k //= 2
@@ -331,7 +314,7 @@ def fused_moe(
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = mode == "words"
     block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
-    sorted_ids, block_expert = moe_align(local_ids, local, block_m)
+    sorted_ids, block_expert = align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
     if words:
         from stator.engines.native.kernels.moe_gemv import permute

@@ -84,10 +84,13 @@ class SinkAttention(Attention):
 
 @register("GptOssForCausalLM")
 class GptOssForCausalLM(nn.Module):
-    # Mixed steps may run as piecewise CUDA graphs (`piecewise.py`): on CUDA the router,
-    # the expert sort (`fused_moe.moe_align`) and the grouped GEMMs have no host sync and
-    # shapes fixed by the token count; attention (window, sinks) runs between the pieces.
-    piecewise_graphs = True
+    # No piecewise CUDA graphs for mixed steps (`piecewise.py`): the split ran and matched
+    # eager on an H100 (the router, the one-launch expert sort and the grouped GEMMs have
+    # no host sync), but 1,000 ShareGPT-like requests at c=256 through HTTP measured 6,466
+    # output tok/s with them against 7,658 with mixed steps eager (2026-11-27, one call;
+    # the first run may also have paid Triton compiles the second found cached). At that
+    # load most mixed steps exceed the 512-token limit and are GPU-bound anyway.
+    piecewise_graphs = False
     packed_modules = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
