@@ -115,12 +115,11 @@ from stator.engines.native.kernels.moe_align import align, align_reference
 
 g = torch.Generator().manual_seed(0)
 # (pairs, local experts, block_m): more pairs than one chunk (256 at 32 experts), an expert
-# count that is no power of two, ids `local` (another rank's experts), the fewest pairs
-# the kernel takes (33) and fewer (the torch ops).
+# count that is no power of two, ids `local` (another rank's experts), few pairs (33, 5).
 for pairs, local, block_m in ((40, 5, 16), (1100, 32, 32), (300, 7, 64), (33, 4, 16),
                               (5, 7, 16)):
     ids = torch.randint(0, local + 1, (pairs,), generator=g)
-    ids[: pairs // 3] = ids[0]  # one expert crowded
+    ids[: pairs // 3] = int(ids[0])  # one expert crowded
     got, want = align(ids, local, block_m), align_reference(ids, local, block_m)
     assert torch.equal(got[0], want[0]), (pairs, local, block_m, "sorted")
     assert torch.equal(got[1], want[1]), (pairs, local, block_m, "blocks")

@@ -92,12 +92,6 @@ def _align_kernel(
 def align(local_ids: torch.Tensor, local: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`align_reference` in one launch: the same tensors, equal element for element."""
     pairs = local_ids.numel()
-    if pairs <= 32:
-        # The grouped GEMMs never see so few (the streaming kernels take up to 32 pairs):
-        # 5 pairs over 7 experts disagreed with the torch ops on an H100 (in two calls,
-        # with one-hot chunks [1024, 8] and [256, 32]; not understood, while 40 to 32,768
-        # pairs at 7, 32 and 128 experts agreed), so small calls take the torch ops.
-        return align_reference(local_ids, local, block_m)
     blocks = num_blocks(pairs, local, block_m)
     sorted_ids = torch.empty(blocks * block_m, dtype=torch.long, device=local_ids.device)
     block_expert = torch.empty(blocks, dtype=torch.long, device=local_ids.device)
