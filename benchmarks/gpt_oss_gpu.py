@@ -8,14 +8,14 @@ Measures: the copy bandwidth; the fused MoE layer alone by batch (and a sweep of
 small-batch tile configurations); per expert format, batch-1 decode tok/s (256 tokens after
 a 32-token prompt) against the floor of active bytes per token over the copy bandwidth,
 the median TTFT of a 2,048-token prompt on an idle engine, and decode step time by batch;
-then `stator run` + `stator bench` through HTTP: N requests with ShareGPT-like lengths
-(input ~N(600, 230), output ~N(350, 85), EOS ignored), concurrency 256, /v1/completions.
+then `stator run` + `stator bench` through HTTP: N requests with the lengths of `--http-profile`
+(serving_workloads.py: ShareGPT-like log-normal, or heavy ~N(600, 200) in / ~N(350, 87) out; EOS
+ignored), concurrency 256, /v1/completions.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import os
@@ -369,43 +369,22 @@ def _device_us(event) -> float:
 
 
 def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
-    from stator.bench.config import BenchConfig
-    from stator.bench.runner import run_benchmark
+    """`stator run` on the model, then `stator bench` at concurrency 256 with the lengths of
+    `--http-profile` (serving_workloads.py; made of the model's own tokens, exact lengths)."""
+    from benchmarks.serving_workloads import PROFILES
+    from benchmarks.stator_http import http_bench, launch
 
-    log = out / f"stator_run_{args.name}.log"
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--model", str(model_dir),
-           "--load-format", "dummy", "--dtype", "bfloat16", "--moe-weights", moe_weights,
-           "--max-model-len", str(args.max_model_len), "--max-num-seqs", "256",
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-           *shlex.split(args.serve_args)]  # fmt: skip
-    with log.open("wb") as handle:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    proc, url = launch(
+        ["--model", str(model_dir), "--load-format", "dummy", "--dtype", "bfloat16",
+         "--moe-weights", moe_weights, "--max-model-len", str(args.max_model_len),
+         "--max-num-seqs", "256", "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+         *shlex.split(args.serve_args)],
+        out / f"stator_run_{args.name}.log",
+    )  # fmt: skip
     try:
-        deadline, url = time.monotonic() + 400, None
-        while time.monotonic() < deadline and url is None:
-            m = re.search(r"at (http://\S+)/v1", log.read_text(errors="replace"))
-            url = m.group(1) if m else None
-            if proc.poll() is not None:
-                raise RuntimeError(log.read_text(errors="replace")[-3000:])
-            time.sleep(0.5)
-        cfg = BenchConfig(
-            url=url, endpoint="completions", tokenizer=str(model_dir), concurrency=256,
-            num_requests=args.http_requests, warmup=4, isl=600, isl_std=230, osl=350,
-            osl_std=85, progress=False, plots=False,
-        )  # fmt: skip
-        point = asyncio.run(run_benchmark(cfg)).points[0]
-        s = point.summary
-        res = {k: s.get(k) for k in ("successful_requests", "failed_requests",
-               "errors_by_status", "output_token_throughput", "time_to_first_token",
-               "inter_token_latency", "duration")}  # fmt: skip
-        # What failed, and when (seconds into the run, tokens already streamed).
-        res["errors"] = [
-            {"start": round(r.start, 2), "status": r.status, "error": r.error,
-             "output_tokens": r.output_tokens, "latency": r.latency}
-            for r in point.records if not r.ok
-        ][:20]  # fmt: skip
-        return res
+        lengths = PROFILES[args.http_profile](args.http_requests)
+        res = http_bench(url, lengths, proc.pid, out, tokenizer=model_dir)
+        return {"profile": args.http_profile, **res}
     finally:
         proc.terminate()
         try:
@@ -423,6 +402,13 @@ def main() -> None:
     ap.add_argument("--moe-weights", default="mxfp4", choices=["mxfp4", "bf16"])
     ap.add_argument("--tokenizer-json", type=Path)
     ap.add_argument("--http-requests", type=int, default=1000)
+    ap.add_argument(
+        "--http-profile",
+        choices=["sharegpt", "heavy"],
+        default="sharegpt",
+        help="request lengths (serving_workloads.py): ShareGPT-like as the issue's vLLM number "
+        "(before 2026-11-27 evening: always heavy, 600 +- 230 in / 350 +- 85 out)",
+    )
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])

@@ -14,17 +14,17 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from stator_http import launch  # noqa: E402
 
 from stator.bench.config import BenchConfig  # noqa: E402
 from stator.bench.runner import run_benchmark  # noqa: E402
@@ -65,25 +65,7 @@ def make_8b_dir(root: Path) -> Path:
 
 
 def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    handle = log.open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stator", "run", "--port", "0", *args],
-        cwd=REPO,
-        env=env,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
-        m = re.search(r"at (http://\S+)/v1", text)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            raise RuntimeError(f"stator run exited:\n{text[-3000:]}")
-        time.sleep(0.5)
-    raise TimeoutError(log.read_text(errors="replace")[-3000:])
+    return launch(args, log, timeout=600)
 
 
 def chat(url: str, model: str, text: str, max_tokens: int) -> dict:

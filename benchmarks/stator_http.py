@@ -20,16 +20,13 @@ BUNDLED = REPO / "stator" / "models" / "tiny-chat"
 CONCURRENCY = 256
 
 
-def start_server(device: str, tiny: bool, mdir: Path, extra: list[str], log: Path):
-    """`stator run` on `mdir` with `extra` flags, at most CONCURRENCY sequences; (process, base URL)."""
+def launch(args: list[str], log: Path, timeout: float = 400) -> tuple[subprocess.Popen, str]:
+    """`stator run --port 0 <args>`, its output in `log`; (process, base URL) once it serves."""
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    cmd = [sys.executable, "-m", "stator", "run", "--port", "0", "--device", device]
-    cmd += ["--model", str(mdir), "--max-num-seqs", str(CONCURRENCY)]
-    if not tiny:
-        cmd += ["--load-format", "dummy", "--dtype", "bfloat16"]
+    cmd = [sys.executable, "-m", "stator", "run", "--port", "0", *args]
     handle = log.open("wb")
-    proc = subprocess.Popen(cmd + extra, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 400
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log.read_text(errors="replace")
         m = re.search(r"at (http://\S+)/v1", text)
@@ -42,7 +39,18 @@ def start_server(device: str, tiny: bool, mdir: Path, extra: list[str], log: Pat
     raise TimeoutError(log.read_text(errors="replace")[-3000:])
 
 
-def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path) -> dict:
+def start_server(device: str, tiny: bool, mdir: Path, extra: list[str], log: Path):
+    """`stator run` on `mdir` with `extra` flags, at most CONCURRENCY sequences; (process, base URL)."""
+    args = ["--device", device, "--model", str(mdir), "--max-num-seqs", str(CONCURRENCY)]
+    if not tiny:
+        args += ["--load-format", "dummy", "--dtype", "bfloat16"]
+    return launch(args + extra, log)
+
+
+def http_bench(
+    url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path, tokenizer: Path = BUNDLED
+) -> dict:
+    """The prompts are made of `tokenizer`'s tokens: the served model's own, for exact lengths."""
     from stator.bench.config import BenchConfig
     from stator.bench.runner import run_benchmark
 
@@ -58,7 +66,7 @@ def http_bench(url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: P
     cfg = BenchConfig(
         url=url,
         endpoint="completions",
-        tokenizer=str(BUNDLED),
+        tokenizer=str(tokenizer),
         trace=str(trace),
         trace_block_size=1 << 20,
         max_concurrency=CONCURRENCY,
