@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 _STOP_GRACE_S = 30.0  # for a core told to stop to finish its step and close its parts
 _KILL_AFTER_S = 5.0  # for a core whose stdin closed to exit
+_CONNECT_S = 60.0  # for the core's input connection to complete after it is ready
 # After the core's pipe closes, how long a `CoreFailed` frame (the precise reason) may take
 # to arrive before the death is reported with the exit code alone.
 LAST_WORDS_S = 0.2
@@ -86,6 +87,7 @@ class CoreProcess:
             if isinstance(message, CoreFailed):
                 raise EngineError(f"the engine core failed to start: {message.reason}")
             assert isinstance(message, CoreReady), message
+            await self._input_connected(exited)
         except BaseException:
             first.cancel()
             await self.close()
@@ -95,6 +97,21 @@ class CoreProcess:
             loop.call_later(LAST_WORDS_S, on_exit)
         log.info("engine core process started (pid %d)", self.proc.pid)
         return message
+
+    async def _input_connected(self, exited: asyncio.Future[None]) -> None:
+        """Wait until the core's input socket is connected to ours. The core connects it
+        before it says ready, but a zmq connect completes in the background: until it has,
+        this bound PUSH socket has no peer, a NOBLOCK send fails with EAGAIN and the frame
+        (a request) is lost, its stream waiting forever (seen on a loaded CI box). A PUSH
+        socket is writable exactly when it has a peer."""
+        assert self._push is not None
+        deadline = asyncio.get_running_loop().time() + _CONNECT_S
+        while not self._push.poll(0, zmq.POLLOUT):
+            if exited.done():
+                raise EngineError(f"the engine core process exited ({self.exit_status()})")
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineError(f"the engine core did not connect its input in {_CONNECT_S:.0f} s")
+            await asyncio.sleep(0.005)
 
     def _exited(self, exited: asyncio.Future[None]) -> None:
         loop = asyncio.get_running_loop()

@@ -264,3 +264,42 @@ async def test_sleep_and_wake_in_the_core_process(llama):
         assert [t for o in again for t in o.token_ids] == [t for o in before for t in o.token_ids]
     finally:
         await eng.shutdown()
+
+
+async def test_start_waits_for_the_cores_input_connection(tmp_path):
+    """A core that says ready before its input connect has completed: `start` waits until
+    the host's PUSH socket has a peer (until then a NOBLOCK send fails with EAGAIN and a
+    request's frame is lost), and gives up with an EngineError if the core exits first."""
+    import zmq
+
+    from stator.engines.native.core_launch import CoreProcess
+
+    core = CoreProcess()
+    ctx = zmq.Context()
+    core._push = ctx.socket(zmq.PUSH)
+    core._push.setsockopt(zmq.SNDHWM, 0)
+    address = f"ipc://{tmp_path}/inputs"
+    core._push.bind(address)
+    with pytest.raises(zmq.Again):  # what the host's send met on a loaded box
+        core._push.send(b"lost", zmq.NOBLOCK)
+    exited = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(core._input_connected(exited))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # no peer yet: still waiting
+    peer = ctx.socket(zmq.PULL)
+    peer.connect(address)  # the core's late connect
+    await asyncio.wait_for(waiting, TIMEOUT)
+    core._push.send(b"frame", zmq.NOBLOCK)
+    assert peer.recv() == b"frame"
+    peer.close(0)
+
+    lonely = CoreProcess()
+    lonely._push = ctx.socket(zmq.PUSH)
+    lonely._push.bind(f"ipc://{tmp_path}/other")
+    gone = asyncio.get_running_loop().create_future()
+    gone.set_result(None)
+    with pytest.raises(EngineError, match="exited"):
+        await lonely._input_connected(gone)
+    core._push.close(0)
+    lonely._push.close(0)
+    ctx.term()
