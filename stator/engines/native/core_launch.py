@@ -110,7 +110,9 @@ class CoreProcess:
             if exited.done():
                 raise EngineError(f"the engine core process exited ({self.exit_status()})")
             if asyncio.get_running_loop().time() > deadline:
-                raise EngineError(f"the engine core did not connect its input in {_CONNECT_S:.0f} s")
+                raise EngineError(
+                    f"the engine core did not connect its input in {_CONNECT_S:.0f} s"
+                )
             await asyncio.sleep(0.005)
 
     def _exited(self, exited: asyncio.Future[None]) -> None:
