@@ -28,8 +28,9 @@ def cuda_devices(pid: int) -> str | None:
     return None
 
 
-async def stream(http: httpx.AsyncClient, url: str) -> int:
-    """Completion tokens of one streamed request; raises on any error."""
+async def stream(http: httpx.AsyncClient, url: str, started: asyncio.Event | None = None) -> int:
+    """Completion tokens of one streamed request; raises on any error. `started` is set
+    with its first token."""
     body = {"model": "tiny", "prompt": "hello there", "max_tokens": TOKENS, "stream": True,
             "ignore_eos": True}  # fmt: skip
     tokens = 0
@@ -41,6 +42,8 @@ async def stream(http: httpx.AsyncClient, url: str) -> int:
             chunk = json.loads(line[5:])
             assert "error" not in chunk, chunk
             tokens += 1
+            if started is not None:
+                started.set()
     return tokens
 
 
@@ -69,8 +72,11 @@ async def test_scale_up_assigns_gpus_and_scale_down_drains_without_failing_a_req
         )  # fmt: skip
 
         async with httpx.AsyncClient(timeout=120) as http:
-            streams = [asyncio.create_task(stream(http, url)) for _ in range(4)]
-            await asyncio.sleep(1.0)  # every stream has started on one of the two
+            started = [asyncio.Event() for _ in range(4)]
+            streams = [asyncio.create_task(stream(http, url, s)) for s in started]
+            # Every stream has its first token (so runs on one of the two) before the drain:
+            # on a loaded box the requests may not even have been sent a second later.
+            await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 60)
             assert not any(s.done() for s in streams)
             await connector.scale("stator", "aggregated", 1)  # drains the newest
             assert second.draining and await connector.current("stator", "aggregated") == 1
