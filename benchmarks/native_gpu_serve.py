@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import urllib.request
@@ -64,10 +63,6 @@ def make_8b_dir(root: Path) -> Path:
     return out
 
 
-def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    return launch(args, log, timeout=600)
-
-
 def chat(url: str, model: str, text: str, max_tokens: int) -> dict:
     body = json.dumps(
         {
@@ -106,7 +101,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        proc, url = start(["--device", args.device], root / "tiny.log")
+        proc, url = launch(["--device", args.device], root / "tiny.log", timeout=600)
         try:
             answer = chat(url, "tiny-chat", "And God said", 24)
             text = answer["choices"][0]["message"]["content"]
@@ -116,7 +111,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(60)
         model_dir = make_8b_dir(root)
-        proc, url = start(
+        proc, url = launch(
             [
                 "--device",
                 args.device,
@@ -128,6 +123,7 @@ def main() -> None:
                 "bfloat16",
             ],
             root / "8b.log",
+            timeout=600,
         )
         try:
             for conc, n, isl, osl in ((1, 6, 128, 256), (1, 6, 1024, 16), (16, 48, 128, 128)):
