@@ -170,7 +170,7 @@ class DisaggRouter:
         params = final.disagg
         assert params is not None
         first = first_output(final)
-        handed_over = False
+        handed_over = finished = False
         try:
             yield first
             decode = decode_request(request, final, params)
@@ -178,16 +178,23 @@ class DisaggRouter:
             handed_over = True
             try:
                 async for output in stream:
+                    finished = output.finish_reason is not None
                     yield as_part_of_original(output, request, final)
             finally:
                 await stream.aclose()
         finally:
-            if not handed_over:
-                # The client left between the two halves: unpin the prefill's KV now
-                # rather than at its timeout.
-                self._release(params.prefill_worker_id, params.prefill_request_id)
+            if not finished:
+                # The client left between the two halves, or while the decode request was
+                # on its way (queued here, in transit, not yet admitted there): unpin the
+                # prefill's KV now rather than at its timeout. Once handed over, a decode
+                # worker may be reading it: then the pin stays, and that worker releases
+                # it when its copy is over.
+                pin = params.prefill_request_id
+                self._release(params.prefill_worker_id, pin, unless_claimed=handed_over)
 
-    def _release(self, worker_id: int | None, prefill_request_id: str | None) -> None:
+    def _release(
+        self, worker_id: int | None, prefill_request_id: str | None, unless_claimed: bool
+    ) -> None:
         admin = self.prefill_admin
         if admin is None or worker_id is None or prefill_request_id is None:
             return
@@ -196,7 +203,8 @@ class DisaggRouter:
 
         async def release() -> None:
             try:
-                request = AdminRequest(op="kv_release", args={"id": prefill_request_id})
+                args = {"id": prefill_request_id, "unless_claimed": unless_claimed}
+                request = AdminRequest(op="kv_release", args=args)
                 await asyncio.wait_for(admin.call(worker_id, request), 5.0)
             except Exception as exc:  # the prefill worker's timeout releases it anyway
                 log.debug("kv_release of %s failed: %s", prefill_request_id, exc)

@@ -144,6 +144,11 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                 # as the cancel came: asyncio raised in place of the answer): nothing else
                 # would ever free its blocks, or end its pull's pin.
                 self._spawn(self._drop_admitted(rid, admitted[0], disagg if pulls else None))
+            elif pulls:
+                # Cancelled (or refused) before the core took it: no pull will ever read
+                # the prefill side's pin, so unpin it now rather than at its timeout.
+                assert disagg is not None
+                self._spawn(self._release_remote(disagg))
             raise
         self._refresh_load()
         self._wakeup.set()

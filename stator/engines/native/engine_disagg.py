@@ -25,7 +25,11 @@ class DisaggServing:
             raise EngineError(f"--role {self.role} needs the KV cache in one pool")
         core.exports.timeout = self.kv_transfer.timeout
         self.agent = KvTransferAgent(
-            self.kv_transfer, pool, pins=core.pinned, release=self.release_kv
+            self.kv_transfer,
+            pool,
+            pins=core.pinned,
+            release=self.release_kv,
+            claim=core.claim_export,
         )
         size = self.config.tensor_parallel_size
         if size > 1:  # one agent per rank, each on its own heads' pool (rank_transfer.py)
@@ -85,10 +89,12 @@ class DisaggServing:
         if self.agent is not None and disagg.prefill_request_id is not None:
             await self.agent.release(disagg.transfer, disagg.prefill_request_id)
 
-    async def release_kv(self, prefill_request_id: str) -> bool:
+    async def release_kv(self, prefill_request_id: str, unless_claimed: bool = False) -> bool:
         core = self.core
         if core is None or self._dead is not None:
             return False
-        released = await self._between_steps(lambda: core.release_export(prefill_request_id))
+        released = await self._between_steps(
+            lambda: core.release_export(prefill_request_id, unless_claimed)
+        )
         self._after_change()
         return released
