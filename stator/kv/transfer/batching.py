@@ -17,7 +17,8 @@ An item cancelled before its batch started leaves it; one cancelled after waits 
 batch to end before it raises (a copy still writes its blocks, and the prefill side may
 only be told to unpin once it is over).
 
-Off (`enabled=False`), every item is its own batch, started at once in the caller.
+An item that finds nothing running or pending starts at once, alone (a lone pull loses no
+time). Off (`enabled=False`), every item is its own batch, started at once in the caller.
 """
 
 from __future__ import annotations
@@ -75,11 +76,11 @@ class Batcher(Generic[I, R]):
         """This item's result and the batch it went in; raises its exception."""
         loop = asyncio.get_running_loop()
         entry = _Entry(item, loop.create_future())
-        if self.enabled:
+        if not self.enabled or (self._running == 0 and not self._pending):
+            self._run([entry])  # nothing to wait for or to join: no turn of the loop lost
+        else:
             self._pending.append(entry)
             self._schedule(loop)
-        else:
-            self._run([entry])
         try:
             return await asyncio.shield(entry.future)
         except asyncio.CancelledError:
@@ -93,7 +94,8 @@ class Batcher(Generic[I, R]):
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         # On the next turn of the loop, not now: items submitted in the same turn (pulls
-        # the step's end admitted together) go in one batch.
+        # the step's end admitted together) go in one batch. (An item that finds the
+        # batcher idle starts at once, alone.)
         if not self._scheduled and self._pending and self._running < self.depth:
             self._scheduled = True
             loop.call_soon(self._next)

@@ -177,18 +177,24 @@ async def test_pin_checks_and_releases_pending_together_share_one_round_trip():
             *(decode._checked(transfer, pin, blocks) for pin, blocks in checks),
             return_exceptions=True,
         )
-        assert len(sent) == 1 and sent[0]["op"] == "acquire" and len(sent[0]["pins"]) == 4
+        # The first finds no exchange running and goes alone, the other three wait for it
+        # and go together.
+        assert sent[0] == {"op": "acquire", "pin": "p1", "blocks": [1, 2]}
+        assert len(sent) == 2 and [p for p, _ in sent[1]["pins"]] == ["p2", "gone", "p3"]
         assert answers[0] == {"ok": True} and answers[3] == {"ok": True}
         assert isinstance(answers[1], TransferError) and "not pinned" in str(answers[1])
         assert isinstance(answers[2], TransferError) and "nothing pinned" in str(answers[2])
         assert claimed == ["p1", "p3"]  # only pins found and whole
         await asyncio.gather(*(decode.release(transfer, pin) for pin in ("p1", "p2", "p3")))
-        assert len(sent) == 2 and sent[1] == {"op": "release", "pins": ["p1", "p2", "p3"]}
+        assert sent[2:] == [
+            {"op": "release", "pin": "p1"},
+            {"op": "release", "pins": ["p2", "p3"]},
+        ]
         assert released == ["p1", "p2", "p3"] and pins == {}
         # Alone, a check keeps the plain message.
         with pytest.raises(TransferError, match="nothing pinned"):
             await decode._checked(transfer, "p1", [1])
-        assert sent[2] == {"op": "acquire", "pin": "p1", "blocks": [1]}
+        assert sent[-1] == {"op": "acquire", "pin": "p1", "blocks": [1]}
     finally:
         await decode.close()
         await prefill.close()

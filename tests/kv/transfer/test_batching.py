@@ -50,8 +50,8 @@ async def test_items_pending_together_go_in_one_batch_in_order_and_the_next_is_s
     fake = FakeCopies()
     batcher = Batcher(fake.start, fake.finish, depth=2)
     first = asyncio.ensure_future(batcher.submit("a"))
-    await turns()
-    assert fake.batches == [["a"]]  # alone: it leaves at once (the next turn)
+    await turns(1)
+    assert fake.batches == [["a"]]  # nothing running: it starts at once, alone
     second = [asyncio.ensure_future(batcher.submit(x)) for x in "bcd"]
     await turns()
     # One batch in flight, depth 2: the three pending together are staged behind it.
@@ -70,12 +70,24 @@ async def test_items_pending_together_go_in_one_batch_in_order_and_the_next_is_s
     assert (batcher.batches, batcher.items) == (3, 6)
 
 
+async def busy(fake: FakeCopies, batcher: Batcher) -> asyncio.Future:
+    """A first item that keeps the batcher busy (batch 0), so the next ones wait."""
+    first = asyncio.ensure_future(batcher.submit("first"))
+    await turns()
+    assert fake.batches == [["first"]]
+    return first
+
+
 async def test_each_item_of_a_batch_gets_its_own_error():
     fake = FakeCopies()
     batcher = Batcher(fake.start, fake.finish)
+    first = await busy(fake, batcher)
     tasks = [asyncio.ensure_future(batcher.submit(x)) for x in "abc"]
     await turns()
-    fake.end(0, {"b": ValueError("b's pin is gone")})
+    fake.end(0)
+    await turns()
+    assert fake.batches[1] == ["a", "b", "c"] and (await first)[0] == "copied first"
+    fake.end(1, {"b": ValueError("b's pin is gone")})
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert results[0][0] == "copied a" and results[2][0] == "copied c"
     assert isinstance(results[1], ValueError) and "b's pin" in str(results[1])
@@ -84,11 +96,15 @@ async def test_each_item_of_a_batch_gets_its_own_error():
 async def test_a_failed_batch_fails_every_member_and_the_next_batch_still_runs():
     fake = FakeCopies()
     batcher = Batcher(fake.start, fake.finish)
+    first = await busy(fake, batcher)
     tasks = [asyncio.ensure_future(batcher.submit(x)) for x in "ab"]
     await turns()
-    fake.end(0, RuntimeError("device fault"))
+    fake.end(0)
+    await turns()
+    fake.end(1, RuntimeError("device fault"))
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert all(isinstance(r, RuntimeError) for r in results)
+    assert all(isinstance(r, RuntimeError) for r in results) and len(fake.batches) == 2
+    assert (await first)[0] == "copied first"
     # A launch that cannot start fails its members at once, and leaves the batcher usable.
     fake.fail_start = OSError("no launch")
     with pytest.raises(OSError, match="no launch"):
@@ -96,7 +112,7 @@ async def test_a_failed_batch_fails_every_member_and_the_next_batch_still_runs()
     fake.fail_start = None
     task = asyncio.ensure_future(batcher.submit("d"))
     await turns()
-    fake.end(1)
+    fake.end(2)
     assert (await task)[0] == "copied d"
 
 
@@ -123,20 +139,24 @@ async def test_an_item_cancelled_after_its_batch_started_raises_only_once_it_end
     releases the pin next) must not go on before the copy is over; the batch's other
     items are not disturbed."""
     fake = FakeCopies()
-    batcher = Batcher(fake.start, fake.finish)
+    batcher = Batcher(fake.start, fake.finish, depth=2)
+    first = await busy(fake, batcher)
     tasks = {x: asyncio.ensure_future(batcher.submit(x)) for x in "ab"}
     await turns()
+    assert fake.batches[1] == ["a", "b"]
     tasks["a"].cancel()
     await turns(10)
     assert not tasks["a"].done()  # cancelled, but its copy runs on
     tasks["a"].cancel()  # a second cancel does not cut the wait short either
     await turns(10)
     assert not tasks["a"].done()
-    fake.end(0)
+    fake.end(1)
     with pytest.raises(asyncio.CancelledError):
         await tasks["a"]
-    assert fake.ended == [0]
+    assert fake.ended == [1]
     assert (await tasks["b"])[0] == "copied b"
+    fake.end(0)
+    assert (await first)[0] == "copied first"
 
 
 async def test_off_every_item_starts_alone_at_once():
