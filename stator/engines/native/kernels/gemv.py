@@ -97,9 +97,16 @@ class GemvConfig:
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: GemvConfig,
+    bias: torch.Tensor | None = None,
+    *,
+    reduce: bool = True,
 ) -> torch.Tensor:
-    """x [M <= 8, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype."""
+    """x [M <= 8, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype. With `reduce`
+    False and more than one split: the float32 partial sums [split_k, M, N] instead, bias
+    not added, for a consumer that sums them in its own kernel (`kernels/epilogues.py`)."""
     m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
@@ -130,13 +137,22 @@ def gemv(
         num_warps=config.num_warps,
         num_stages=4,
     )
+    if not direct and not reduce:
+        return parts
     if not direct:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            parts, bias if has_bias else parts, y, m, n, SPLITS=config.split_k, BLOCK=block,
-            HAS_BIAS=has_bias, num_warps=4,
-        )  # fmt: skip
+        sum_splits(parts, bias, y)
     return y
+
+
+def sum_splits(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] = parts [S, M, N] (float32) summed over S (+ bias), in out's dtype."""
+    splits, m, n = parts.shape
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+        parts, bias if bias is not None else parts, out, m, n, SPLITS=splits, BLOCK=block,
+        HAS_BIAS=bias is not None, num_warps=4,
+    )  # fmt: skip
+    return out
 
 
 def _graph_time(fn, calls: int = 10, reps: int = 20) -> float:
