@@ -2,14 +2,17 @@
 
 An 8B-shaped Llama in bf16 with random weights and the bundled 4k vocabulary (as
 `native_gpu_http_vs_engine.py`'s engine part) in one `EngineCore`. For each round of
-`--modes` (default off, on, off, on) it sets `epilogues.ENABLED`, captures the decode
-graphs again (same weights, same GEMV configs) and measures: batch-1 decode tok/s (a
+`--modes` it sets `epilogues.ENABLED` ("fused" in the mode's name) and `pdl.ENABLED`
+("pdl"), captures the decode graphs again (same weights, same GEMV configs: those of the
+fused epilogues serve only with "fused") and measures: batch-1 decode tok/s (a
 32-token prompt, 256 output tokens, from the tokens' arrival times: the whole step,
 host included), the kernels of one batch-1 step (count, GPU time by kernel, the GPU's busy
-fraction; torch.profiler over 32 steps) and the decode step at batch 256 (contexts ~600
-tokens). It prints one JSON line per round and the medians' ratios on / off.
+fraction; torch.profiler over 32 steps; with PDL the kernels' spans overlap, so read
+the span per step, not the summed kernel time) and the decode step at batch 256 (contexts
+~600 tokens). It prints one JSON line per round and each mode's medians and their ratios
+to "off".
 
-    python benchmarks/decode_b1_profile.py [--modes off on off on] [--out DIR]
+    python benchmarks/decode_b1_profile.py [--modes off fused fused+pdl pdl] [--out DIR]
     python benchmarks/decode_b1_profile.py --device cpu --tiny   (a smoke run; no profile)
 """
 
@@ -97,7 +100,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="the bundled tiny model (smoke run)")
-    ap.add_argument("--modes", nargs="+", default=["off", "on", "off", "on"])
+    ap.add_argument(
+        "--modes", nargs="+", default=["off", "fused", "fused+pdl", "off", "fused", "fused+pdl"]
+    )
     ap.add_argument("--b1-tokens", type=int, default=256)
     ap.add_argument("--out", default="")
     ap.add_argument("--sweep", action="store_true", help="time every GEMV config per shape")
@@ -108,6 +113,7 @@ def main() -> None:
     from stator.engines.native import epilogues, step_graphs
     from stator.engines.native.config import NativeConfig
     from stator.engines.native.engine_core import EngineCore
+    from stator.engines.native.kernels import pdl
     from stator.protocols import EngineRequest, SamplingOptions, StopConditions
 
     cuda = args.device == "cuda"
@@ -125,7 +131,7 @@ def main() -> None:
     rng = random.Random(7)
     layer0 = runner.model.model.layers[0]
     gemv = {
-        name: repr(getattr(mod, "gemv_config", None))
+        name: [repr(getattr(mod, "gemv_config", None)), repr(getattr(mod, "epilogue_gemv", None))]
         for name, mod in (
             ("qkv", layer0.self_attn.qkv_proj),
             ("o", layer0.self_attn.o_proj),
@@ -134,7 +140,7 @@ def main() -> None:
             ("lm_head", runner.model.lm_head),
         )
     }
-    print("GEMV " + json.dumps(gemv), flush=True)
+    print("GEMV (unfused, fused epilogue) " + json.dumps(gemv), flush=True)
     if args.sweep and cuda:
         shapes = {
             "qkv": layer0.self_attn.qkv_proj.weight,
@@ -167,7 +173,8 @@ def main() -> None:
 
     rounds = []
     for i, mode in enumerate(args.modes):
-        epilogues.ENABLED = mode == "on"
+        epilogues.ENABLED = "fused" in mode
+        pdl.ENABLED = "pdl" in mode
         step_graphs.release(runner)
         step_graphs.capture(runner, prepare=False)
         res: dict = {"round": i, "mode": mode}
@@ -202,18 +209,20 @@ def main() -> None:
         rounds.append(res)
 
     summary: dict = {"gemv": gemv}
-    for key in ("b1_tok_s", "step_ms_at_256"):
-        for mode in ("off", "on"):
-            vals = [r[key] for r in rounds if r["mode"] == mode]
-            if vals:
-                summary[f"{key}_{mode}"] = statistics.median(vals)
-        if f"{key}_off" in summary and f"{key}_on" in summary:
-            summary[f"{key}_on_over_off"] = summary[f"{key}_on"] / summary[f"{key}_off"]
-    if cuda:
-        for mode in ("off", "on"):
-            ks = [r["b1_kernels"]["kernels_per_step"] for r in rounds if r["mode"] == mode]
-            if ks:
-                summary[f"b1_kernels_per_step_{mode}"] = statistics.median(ks)
+    modes = list(dict.fromkeys(args.modes))
+    for mode in modes:
+        mine = [r for r in rounds if r["mode"] == mode]
+        summary[mode] = {
+            key: statistics.median(r[key] for r in mine) for key in ("b1_tok_s", "step_ms_at_256")
+        }
+        if cuda:
+            for key in ("kernels_per_step", "span_ms_per_step", "busy"):
+                summary[mode][key] = statistics.median(r["b1_kernels"][key] for r in mine)
+    if "off" in summary:
+        for mode in modes:
+            base, this = summary["off"], summary[mode]
+            this["b1_tok_s_over_off"] = this["b1_tok_s"] / base["b1_tok_s"]
+            this["step_256_over_off"] = this["step_ms_at_256"] / base["step_ms_at_256"]
     print("SUMMARY " + json.dumps(summary), flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

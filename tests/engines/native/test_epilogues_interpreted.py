@@ -1,7 +1,7 @@
 """The fused GEMV epilogues (kernels/epilogues.py) run by Triton's interpreter on the CPU in
 float32: with one split and three, with and without a bias, each equals the sum kernel
 followed by the unfused kernel (RoPE + KV store, residual add + RMSNorm, SiLU-and-mul),
-padded rows (slot -1) included."""
+padded rows (slot -1) included; and the GEMV's own SiLU-and-multiply epilogue."""
 
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ for splits, bias in ((1, None), (3, None), (3, b), (1, b)):
     y3 = gemv(x, w3, cfg)
     p3 = y3 if splits == 1 else gemv(x, w3, cfg, reduce=False)
     assert torch.equal(silu_mul(p3, splits, torch.float32), silu_ref(y3)), splits
+    g3 = gemv(x, w3, cfg, gated=True, reduce=splits == 1)
+    if splits > 1:
+        g3 = silu_mul(g3, splits, torch.float32)
+    assert torch.equal(g3, silu_ref(y3)), splits
 print("ok")
 """
 )

@@ -310,14 +310,42 @@ def test_fused_epilogues_equal_the_unfused_kernels(splits, with_bias):
     p, _ = parts(w, None)
     ref = silu_mul(gemv(x, w, cfg))
     assert torch.equal(epilogues.silu_mul(p, splits, x.dtype), ref)
+    # ... or inside the GEMV: its own epilogue (one split), or its partials (several)
+    gated = gemv(x, w, cfg, gated=True, reduce=splits == 1)
+    if splits > 1:
+        gated = epilogues.silu_mul(gated, splits, x.dtype)
+    assert torch.equal(gated, ref)
 
 
-def test_fused_epilogues_leave_the_engine_s_tokens_unchanged(llama):
+@pytest.mark.parametrize("epilogue", ["parts", "gated"])
+def test_gemv_choice_for_an_epilogue_is_correct_or_none(epilogue):
+    from stator.engines.native.kernels import epilogues
+    from stator.engines.native.kernels.elementwise import silu_mul
+    from stator.engines.native.kernels.gemv import choose, gemv
+
+    weight = torch.randn(2 * 3584, 4096, device=DEV).bfloat16() * 0.02
+    cfg = choose(weight, None, epilogue)
+    if cfg is None:
+        return
+    x = torch.randn(2, 4096, device=DEV).bfloat16()
+    ref = torch.nn.functional.linear(x.float(), weight.float())
+    gated = epilogue == "gated"
+    out = gemv(x, weight, cfg, gated=gated, reduce=cfg.split_k == 1)
+    if gated:
+        ref = silu_mul(ref.bfloat16()).float()
+    if cfg.split_k > 1:
+        out = epilogues.silu_mul(out, cfg.split_k, x.dtype) if gated else out.sum(0)
+    assert _rel_err(out, ref) < 1e-2
+
+
+def test_fused_epilogues_and_pdl_leave_the_engine_s_tokens_unchanged(llama):
     """bf16 on CUDA with decode graphs, a split-K GEMV forced on every projection: greedy
-    tokens of a mixed batch are the same with the fused epilogues on and off."""
+    tokens of a mixed batch are the same with the fused epilogues and programmatic
+    dependent launch (kernels/pdl.py) each on and off."""
     from stator.engines.native import epilogues, step_graphs
     from stator.engines.native.config import NativeConfig
     from stator.engines.native.engine_core import EngineCore
+    from stator.engines.native.kernels import pdl
     from stator.engines.native.kernels.gemv import GemvConfig
     from stator.engines.native.layers import Linear
     from tests.engines.native.models import greedy_request, prompt, run_all, tokens_of
@@ -328,16 +356,17 @@ def test_fused_epilogues_leave_the_engine_s_tokens_unchanged(llama):
     )
     for module in core.runner.model.modules():
         if isinstance(module, Linear):
-            module.gemv_config = GemvConfig(16, 32, 2)
-    results, before = [], epilogues.ENABLED
+            module.gemv_config = module.epilogue_gemv = GemvConfig(16, 32, 2)
+    results, before = [], (epilogues.ENABLED, pdl.ENABLED)
     try:
-        for enabled in (False, True, False):
-            epilogues.ENABLED = enabled
+        for fused, with_pdl in ((False, False), (True, False), (True, True), (False, True)):
+            epilogues.ENABLED, pdl.ENABLED = fused, with_pdl
             step_graphs.release(core.runner)
             step_graphs.capture(core.runner, prepare=False)
-            reqs = [greedy_request(f"r{enabled}{i}", prompt(i, 3 + 17 * i), 24) for i in range(5)]
+            tag = f"{fused:d}{with_pdl:d}"
+            reqs = [greedy_request(f"r{tag}{i}", prompt(i, 3 + 17 * i), 24) for i in range(5)]
             out = run_all(core, reqs)
             results.append([tokens_of(out[r.request_id]) for r in reqs])
     finally:
-        epilogues.ENABLED = before
-    assert results[0] == results[1] == results[2]
+        epilogues.ENABLED, pdl.ENABLED = before
+    assert all(r == results[0] for r in results)

@@ -21,6 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import pdl
+from stator.engines.native.kernels.pdl import pdl_sync
+
 
 @triton.jit
 def _summed(parts_ptr, bias_ptr, offs, cols, mask, split_stride, SPLITS: tl.constexpr,
@@ -55,7 +58,9 @@ def _qkv_rope_store_kernel(
     HEADS_PAD: tl.constexpr,
     SPLITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     t = tl.program_id(0).to(tl.int64)
     dtype = qkv_ptr.dtype.element_ty
     width = (NUM_Q_HEADS + 2 * NUM_KV_HEADS) * 2 * HALF
@@ -146,6 +151,8 @@ def qkv_rope_store(
         HEADS_PAD=triton.next_power_of_2(max(num_q_heads, num_kv_heads)),
         SPLITS=splits,
         HAS_BIAS=bias is not None,
+        PDL=pdl.enabled(parts),
+        launch_pdl=pdl.enabled(parts),
         num_warps=4,
     )
     return out
@@ -164,7 +171,9 @@ def _add_rms_norm_kernel(
     BLOCK: tl.constexpr,
     SPLITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     row = tl.program_id(0).to(tl.int64)
     dtype = out_ptr.dtype.element_ty
     offs = tl.arange(0, BLOCK)
@@ -209,6 +218,8 @@ def add_rms_norm(
         BLOCK=triton.next_power_of_2(n),
         SPLITS=splits,
         HAS_BIAS=bias is not None,
+        PDL=pdl.enabled(parts),
+        launch_pdl=pdl.enabled(parts),
         num_warps=8 if n >= 4096 else 4,
     )
     return out
@@ -216,7 +227,8 @@ def add_rms_norm(
 
 @triton.jit
 def _silu_mul_kernel(parts_ptr, out_ptr, split_stride, N: tl.constexpr, BLOCK: tl.constexpr,
-                     SPLITS: tl.constexpr):  # fmt: skip
+                     SPLITS: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    pdl_sync(PDL)
     row = tl.program_id(0).to(tl.int64)
     dtype = out_ptr.dtype.element_ty
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -241,6 +253,7 @@ def silu_mul(parts: torch.Tensor, splits: int, dtype: torch.dtype) -> torch.Tens
         raise ValueError("silu_mul needs contiguous rows")
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(n, block))](
-        parts, out, rows * two_n, N=n, BLOCK=block, SPLITS=splits
-    )
+        parts, out, rows * two_n, N=n, BLOCK=block, SPLITS=splits, PDL=pdl.enabled(parts),
+        launch_pdl=pdl.enabled(parts),
+    )  # fmt: skip
     return out

@@ -255,6 +255,11 @@ class LlamaForCausalLM(nn.Module):
         ]
         for layer in layers:  # dense Llama-family layers: fused epilogues on CUDA
             layer.fused_epilogues = layer.self_attn.fused_epilogues = True
+            attn, mlp = layer.self_attn, layer.mlp
+            if not self.qk_norm:
+                attn.qkv_proj.epilogue = "parts"
+            attn.o_proj.epilogue = mlp.down_proj.epilogue = "parts"
+            mlp.gate_up_proj.epilogue = "gated"
         self.model = DecoderModel(spec, layers)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, spec.tp)
         if spec.tie_word_embeddings:
