@@ -146,7 +146,23 @@ class DisaggRouter:
             async for output in self.prefill.generate(prefill_request(request)):
                 if output.finish_reason is not None:
                     final = output
-        except (Migratable, NoInstances, Overloaded) as exc:
+        except BaseException as exc:
+            if final is not None and is_handoff(final):
+                # Its answer came (the KV is pinned) but its stream did not end: the
+                # client left, or the stream broke. Nobody will pull it: unpin it now.
+                assert final.disagg is not None
+                self._release(
+                    final.disagg.prefill_worker_id, final.disagg.prefill_request_id, False
+                )
+            elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                # The client left before the answer came. The prefill worker frees what it
+                # has unless its answer was already on its way here (then it pinned the KV
+                # under the request's id for a decode worker that will never come): ask
+                # every prefill worker to unpin that id (a no-op where nothing is pinned).
+                for worker_id in list(self.prefill_admin.instances if self.prefill_admin else []):
+                    self._release(worker_id, request.request_id, True)
+            if not isinstance(exc, (Migratable, NoInstances, Overloaded)):
+                raise
             if self.config.enforce_disagg:
                 self._count("rejected", "prefill_failed", request)
                 raise NoInstances(f"the prefill worker failed: {exc}") from exc

@@ -262,3 +262,78 @@ async def leave_after(fleet, outputs: int) -> list[tuple[str, bool]]:
             break
         await asyncio.sleep(0.01)
     return released
+
+
+async def test_a_client_leaving_after_the_prefill_answer_before_its_stream_ends_releases(fleet):
+    """The prefill worker's answer (where the KV is pinned) is in, its stream not yet over,
+    when the client leaves: nobody will pull that KV, so the router unpins it now."""
+    prefill = await fleet.worker("prefill")
+    await fleet.worker("decode")
+    router = await fleet.router()
+    await router.prefill.client.wait_for_instances(1)
+    await router.decode.client.wait_for_instances(1)
+    released = []
+
+    async def release_kv(rid, unless_claimed=False):
+        released.append((rid, unless_claimed))
+        return True
+
+    prefill.engine.release_kv = release_kv
+    real = router.prefill.generate
+    answered = asyncio.Event()
+
+    async def answer_then_hang(req):
+        async for out in real(req):
+            yield out
+        answered.set()
+        await asyncio.Event().wait()  # the stream's end never comes
+
+    router.prefill.generate = answer_then_hang
+    stream = router.generate(request("r1", max_tokens=50))
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(answered.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+    for _ in range(100):
+        if released:
+            break
+        await asyncio.sleep(0.01)
+    assert released == [("r1", False)]
+
+
+async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_to_unpin(fleet):
+    """The answer may be on its way (the KV pinned under the request's id) as the client
+    leaves: every prefill worker is asked to unpin that id unless a reader claimed it."""
+    prefill = await fleet.worker("prefill")
+    await fleet.worker("decode")
+    router = await fleet.router()
+    await router.prefill.client.wait_for_instances(1)
+    await router.decode.client.wait_for_instances(1)
+    await router.prefill_admin.wait_for_instances(1)
+    released = []
+
+    async def release_kv(rid, unless_claimed=False):
+        released.append((rid, unless_claimed))
+        return False
+
+    prefill.engine.release_kv = release_kv
+    asked = asyncio.Event()
+
+    async def never_answers(req):
+        asked.set()
+        await asyncio.Event().wait()
+        yield  # an async generator that never yields
+
+    router.prefill.generate = never_answers
+    stream = router.generate(request("r1", max_tokens=50))
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(asked.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+    for _ in range(100):
+        if released:
+            break
+        await asyncio.sleep(0.01)
+    assert released == [("r1", True)]

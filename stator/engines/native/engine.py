@@ -128,6 +128,9 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
             and disagg.prefill_worker_id is not None
             and bool(disagg.transfer)
         )
+        # A router's prefill request (prefill role): its KV is pinned at its end under its id.
+        exports = disagg is not None and disagg.prefill_worker_id is None
+        answered = False  # its final output went to the caller (with the pin's name)
         admitted: list[ImportPlan | None] = []  # set once the core has the request
 
         def admit_to_core() -> ImportPlan | None:
@@ -163,8 +166,9 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                     await asyncio.shield(self._spawn(self._import(disagg, plan)))
             while True:
                 out = await queue.get()
+                answered = out.finish_reason is not None
                 yield out
-                if out.finish_reason is not None:
+                if answered:
                     return
         finally:
             if rid in self._streams:  # the caller stopped reading: free the request now
@@ -172,6 +176,11 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                 # Shielded: a second cancel must not drop the abort (it would then decode
                 # to max_tokens for nobody).
                 await asyncio.shield(self._spawn(self.abort(rid)))
+            if exports and not answered:
+                # The caller left before it heard where the KV is pinned (its prefill may
+                # have ended, and pinned it, as the cancel came): no decode worker will
+                # ever pull it, so unpin it now rather than at its timeout.
+                await asyncio.shield(self._spawn(self.release_kv(rid)))
 
     async def _drop_admitted(
         self, rid: str, plan: ImportPlan | None, disagg: DisaggParams | None

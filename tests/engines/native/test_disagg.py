@@ -298,3 +298,28 @@ async def test_a_pull_cancelled_mid_copy_unpins_only_after_the_copy_ended(engine
     await stream.aclose()
     await until_idle(prefill, decode)
     assert used(prefill) == 0 and used(decode) == 0
+
+
+async def test_a_prefill_request_whose_caller_leaves_as_it_ends_unpins_at_once(engines):
+    """The prefill ends (its KV pinned, the answer queued) as the caller's cancel comes:
+    the answer never reaches the caller, so no decode worker will pull the KV; the prefill
+    engine unpins it at once, not at its 30 s timeout."""
+    prefill = await engines("prefill", "tcp")
+    stream = prefill.generate(prefill_request(request("p", prompt(12, 60), 8)))
+    consumer = asyncio.ensure_future(anext(stream))
+    finish = prefill._finish_stream
+
+    def finish_then_cancel(rid, out):
+        finish(rid, out)  # the answer is queued for the caller...
+        consumer.cancel()  # ...who is cancelled before it reads it
+
+    prefill._finish_stream = finish_then_cancel
+    await asyncio.gather(consumer, return_exceptions=True)
+    assert consumer.cancelled()
+    await stream.aclose()
+    for _ in range(100):
+        if used(prefill) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert used(prefill) == 0 and prefill.core.exports.num_released == 1
+    assert prefill.core.exports.num_expired == 0
