@@ -3,8 +3,8 @@ weights in the real shapes) under the kernel settings that the committed tables 
 among, the up and the down kernel swept apart (each with the other at its default):
 
 - batch 1, the token-major streaming kernels (kernels/moe_gemv.py, fp16 pairs);
-- 2 to 16 tokens: token-major against expert-major (kernels/moe_expert_gemv.py, its
-  (MP, BLOCK_N, groups, warps) for up and down) against the grouped GEMMs;
+- 2 to 16 tokens: token-major streaming kernels against the grouped GEMMs (where
+  fused_moe.GEMV_MAX_PAIRS should lie);
 - 256 tokens: the grouped GEMMs' `tl.dot_scaled` tiles, up and down apart.
 
 Every setting is checked against the PyTorch reference first (relative error < 2e-2); a
@@ -19,10 +19,7 @@ import torch
 
 B1_UP = [(2, 8, 4), (1, 8, 4), (2, 4, 4), (4, 8, 4), (2, 16, 4), (1, 16, 4), (2, 8, 8)]
 B1_DOWN = [(2, 8, 4), (4, 8, 4), (8, 8, 4), (4, 16, 4), (8, 4, 4), (16, 8, 4), (8, 8, 8)]
-EXPERT_TOKENS = (2, 4, 8, 16)
-EXPERT_UP = [(4, 2, 8, 4), (4, 4, 8, 4), (2, 2, 8, 4), (8, 2, 8, 4), (4, 2, 16, 4),
-             (4, 1, 8, 4), (4, 4, 8, 8)]  # fmt: skip
-EXPERT_DOWN = [(4, 8, 4), (4, 4, 4), (8, 8, 4), (2, 16, 4), (8, 4, 4), (16, 8, 4), (8, 8, 8)]
+SMALL_TOKENS = (2, 4, 8, 16)
 GEMM_TOKENS = 256
 GEMM_UP = [(64, 64, 64, 4, 3), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3), (64, 64, 128, 4, 3),
            (64, 32, 64, 4, 3), (64, 64, 64, 8, 3), (64, 128, 64, 8, 3), (64, 64, 32, 4, 4)]  # fmt: skip
@@ -33,13 +30,12 @@ GEMM_DOWN = [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (32, 64, 4, 3), (
 def sweep(experts: int = 32) -> dict:
     from benchmarks.gpt_oss_gpu import graph_timed
     from stator.engines.native.kernels import fused_moe as fm
-    from stator.engines.native.kernels import moe_expert_gemv as eg
     from stator.engines.native.kernels import moe_gemv as mg
     from tests.engines.native.test_gpu_gpt_oss import _moe
 
     moe = _moe(True, experts=experts)
     xs = {t: torch.randn(t, 2880, device="cuda", dtype=torch.bfloat16) for t in
-          (1, *EXPERT_TOKENS, GEMM_TOKENS)}  # fmt: skip
+          (1, *SMALL_TOKENS, GEMM_TOKENS)}  # fmt: skip
     refs = {}
     for t, x in xs.items():
         w, i = moe.route(x)
@@ -76,32 +72,15 @@ def sweep(experts: int = 32) -> dict:
     res["b1_token_major_us"] = {"up": _keys(ups), "down": _keys(downs), "best": [up, down],
                                 "best_us": timed(1, 100)}  # fmt: skip
     print(res, flush=True)
-    # 2. 2-16 tokens: token-major, grouped, expert-major (up, then down with MP fixed).
+    # 2. 2-16 tokens: the token-major streaming kernels against the grouped GEMMs.
     small: dict = {}
-    saved = (fm.EXPERT_MAJOR_MIN_TOKENS, fm.GEMV_MAX_PAIRS)
-    for t in EXPERT_TOKENS:
-        fm.EXPERT_MAJOR_MIN_TOKENS, fm.GEMV_MAX_PAIRS = 0, 1 << 30
+    saved = fm.GEMV_MAX_PAIRS
+    for t in SMALL_TOKENS:
+        fm.GEMV_MAX_PAIRS = 1 << 30
         small[f"{t}_token_major"] = timed(t, 20)
         fm.GEMV_MAX_PAIRS = 0
         small[f"{t}_grouped"] = timed(t, 20)
-    fm.EXPERT_MAJOR_MIN_TOKENS, fm.GEMV_MAX_PAIRS = 2, 1 << 30
-    default_up, default_down = eg.CONFIG["up"], eg.CONFIG["down"]
-    ups = {}
-    for cfg in EXPERT_UP:
-        eg.CONFIG = {"up": cfg, "down": (cfg[0], *default_down[1:])}
-        ups[cfg] = {t: timed(t, 20) for t in EXPERT_TOKENS}
-    up = _best_over(ups) or default_up
-    downs = {}
-    for cfg in EXPERT_DOWN:
-        eg.CONFIG = {"up": up, "down": (up[0], *cfg)}
-        downs[cfg] = {t: timed(t, 20) for t in EXPERT_TOKENS}
-    down = _best_over(downs)
-    eg.CONFIG = {"up": up, "down": (up[0], *down) if down else default_down}
-    small["expert_major_up"] = _keys(ups)
-    small["expert_major_down"] = _keys(downs)
-    small["expert_major_best"] = eg.CONFIG
-    small["expert_major_best_us"] = {t: timed(t, 20) for t in EXPERT_TOKENS}
-    fm.EXPERT_MAJOR_MIN_TOKENS, fm.GEMV_MAX_PAIRS = saved
+    fm.GEMV_MAX_PAIRS = saved
     res["small_batch_us"] = small
     print(res, flush=True)
     # 3. 256 tokens, tl.dot_scaled: up tiles (down follows the up tile), then down tiles.
@@ -125,12 +104,6 @@ def sweep(experts: int = 32) -> dict:
                           "best_us": timed(GEMM_TOKENS, 20)}  # fmt: skip
     print(res, flush=True)
     return res
-
-
-def _best_over(times: dict):
-    """The setting with the least total over the token counts where every setting ran."""
-    ok = {k: v for k, v in times.items() if all(not isinstance(u, str) for u in v.values())}
-    return min(ok, key=lambda k: sum(ok[k].values())) if ok else None
 
 
 def _keys(times: dict) -> dict:

@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -171,8 +171,9 @@ compiled: list[str] = []
 _serving = False  # the warm-up is done: a compile now is one it missed
 
 
-def _on_compile(**hook: object) -> None:
-    name = str(hook["repr"])
+def _on_compile(**hook: Any) -> None:
+    # The kernel's name and its specialization (argument types, 16-alignment, constants).
+    name = f"{hook['fn'].name} {str(hook['compile']['key'])[:600]}"
     compiled.append(name)
     if _serving:
         log.warning("Triton kernel compiled on the serving path (the warm-up missed it): %s", name)

@@ -42,13 +42,12 @@ def _choice(pairs: int) -> tuple:
     if moe_dequant.MIN_PAIRS and pairs >= moe_dequant.MIN_PAIRS:
         return ("expanded", fm._config(pairs, 2880, 2880, "bytes"))
     if fm.uses_gemv(pairs):
-        expert_major = fm.EXPERT_MAJOR_MIN_TOKENS and pairs >= 4 * fm.EXPERT_MAJOR_MIN_TOKENS
-        return ("gemv", bool(expert_major))
+        return ("gemv",)
     mode = fm.mxfp4_mode(pairs, torch.bfloat16)
     return (mode, fm._config(pairs, 2880, 2880, mode))
 
 
-@pytest.mark.parametrize("top_k", [4])
+@pytest.mark.parametrize("top_k", [3, 4])
 def test_moe_kernels_change_only_at_the_token_boundaries(top_k):
     """Between two boundaries the MoE runs one kernel path and tile, so warming each
     boundary and one past it meets them all."""
@@ -71,3 +70,15 @@ def test_warm_up_steps_run_on_a_real_model_and_leave_the_cache_zeroed(checkpoint
     kw.run_steps(runner, steps)
     assert runner.kv_pool is not None and not runner.kv_pool.any()
     assert tokens_of(run_all(core, [request])["a"]) == expected
+
+
+def test_compiles_after_the_warm_up_are_recorded_and_logged(monkeypatch, caplog):
+    from triton.runtime.jit import JitFunctionInfo
+
+    monkeypatch.setattr(kw, "compiled", [])
+    fn = JitFunctionInfo(None, "_extend_kernel", None)
+    kw._on_compile(repr="r", fn=fn, compile={"key": ("i32", "D")}, is_manual_warmup=False)
+    assert kw.compiled == ["_extend_kernel ('i32', 'D')"] and not caplog.records
+    monkeypatch.setattr(kw, "_serving", True)
+    kw._on_compile(repr="r", fn=fn, compile={"key": ("i32", "")}, is_manual_warmup=False)
+    assert "serving path" in caplog.text and "_extend_kernel ('i32', '')" in caplog.text

@@ -131,36 +131,3 @@ print("ok")
 def test_one_launch_alignment_equals_the_torch_ops_in_the_interpreter():
     """moe_align.align against align_reference, element for element."""
     run_interpreted(_ALIGN_CHECK, timeout=300)
-
-
-_EXPERT_CHECK = (
-    NUMPY2_INDEX_PATCH
-    + _CHECK[_CHECK.index("import dataclasses") : _CHECK.index("torch.manual_seed(0)")]
-    + r"""
-from stator.engines.native.kernels import moe_expert_gemv as eg
-from stator.engines.native.kernels.moe_half2 import half_pairs
-
-torch.manual_seed(0)
-with torch.no_grad():
-    # (experts, top_k, rank split, tokens, activation size, pairs a block): an expert with
-    # more pairs than a block (MP = 2), another rank's experts, pairs given or not.
-    for experts, top_k, tp, tokens, size, mp in ((6, 4, TPShard(), 5, 300.0, 2),
-                                                 (6, 3, TPShard(rank=1, size=2), 3, 1e-3, 4),
-                                                 (5, 3, TPShard(), 2, 1.0, 4)):
-        moe = tiny(True, experts, top_k, tp)
-        x = torch.randn(tokens, 96) * size
-        w, i = moe.route(x)
-        ref = moe._reference(x, w, i)
-        eg.CONFIG = {"up": (mp, 2, 2, 4), "down": (mp, 4, 1, 4)}  # K: 96 = 3 groups, 64 = 2
-        given = half_pairs(x) if size > 1 else None
-        ours = eg.expert_gemv(x, w, i, moe, given)
-        err = float((ours - ref).abs().max() / ref.abs().max())
-        assert err < 1e-2, ("expert-major", experts, top_k, tokens, size, err)
-print("ok")
-"""
-)
-
-
-def test_expert_major_streaming_kernels_match_the_reference_in_the_interpreter():
-    """moe_expert_gemv.py: each routed expert streamed once for all its pairs."""
-    run_interpreted(_EXPERT_CHECK, timeout=600)

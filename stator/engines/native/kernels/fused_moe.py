@@ -245,9 +245,6 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # 153 us streaming vs 259 grouped, 8 tokens 281 vs 279; with the fp16-pair streaming
 # kernels (session 3) 138 vs 242 and 248 vs 273.
 GEMV_MAX_PAIRS = 32
-# From this many tokens the streaming path runs expert-major (moe_expert_gemv.py: each
-# routed expert read once for all its pairs) where it takes fp16 pairs; 0 = never.
-EXPERT_MAJOR_MIN_TOKENS = 2
 
 
 # The down kernel's own (BLOCK_N, BLOCK_K, warps, stages) by the most pairs, per MXFP4 mode
@@ -291,8 +288,6 @@ def token_boundaries(top_k: int) -> list[int]:
     if moe_dequant.MIN_PAIRS:
         limits.add(moe_dequant.MIN_PAIRS - 1)
     tokens = {most // top_k for most in limits if most < 1 << 40}
-    if EXPERT_MAJOR_MIN_TOKENS > 1:
-        tokens.add(EXPERT_MAJOR_MIN_TOKENS - 1)
     return sorted(tokens)
 
 
@@ -345,16 +340,8 @@ def fused_moe(
 
         return moe_dequant.expanded_moe(x, weights, ids, moe)
     if uses_gemv(pairs):
-        from stator.engines.native.kernels.moe_gemv import moe_gemv, uses_half2
+        from stator.engines.native.kernels.moe_gemv import moe_gemv
 
-        if (
-            EXPERT_MAJOR_MIN_TOKENS
-            and tokens >= EXPERT_MAJOR_MIN_TOKENS
-            and uses_half2(moe, x.dtype)
-        ):
-            from stator.engines.native.kernels.moe_expert_gemv import expert_gemv
-
-            return expert_gemv(x, weights, ids, moe, x_pairs)
         return moe_gemv(x, weights, ids, moe, x_pairs)
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
