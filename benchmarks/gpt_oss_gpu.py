@@ -334,6 +334,8 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
         for _ in range(20):
             core.step()
         steps[bs] = round(1e3 * (time.perf_counter() - start) / 20, 2)
+        if args.profile and bs == max(args.batch_sizes) > 1:
+            res[f"profile_b{bs}_eager"] = profile_steps(core, 5)
         drain(core)
     res["step_ms"] = steps
     del core
@@ -344,22 +346,28 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
 
 def profile_b1(core: EngineCore, rng: random.Random) -> list:
     """CUDA time per kernel name over 8 eager batch-1 decode steps (graphs off)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    graphs, core.runner.graphs = core.runner.graphs, None
     core.add_request(request("prof", random_ids(rng, 32), 24))
     for _ in range(8):
         core.step()
+    rows = profile_steps(core, 8)
+    drain(core)
+    return rows
+
+
+def profile_steps(core: EngineCore, n: int) -> list:
+    """CUDA time per kernel name, per step, over the next n steps run eagerly (graphs off)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, core.runner.graphs = core.runner.graphs, None
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(8):
+        for _ in range(n):
             core.step()
         torch.cuda.synchronize()
-    drain(core)
     core.runner.graphs = graphs
     rows = sorted(prof.key_averages(), key=lambda e: -_device_us(e))[:25]
     return [
-        {"name": e.key[:90], "calls": e.count, "us_per_step": round(_device_us(e) / 8, 1)}
+        {"name": e.key[:90], "calls": e.count, "us_per_step": round(_device_us(e) / n, 1)}
         for e in rows
     ]
 
