@@ -405,9 +405,11 @@ def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
         res["warmup_steps"], res["warmup_s"], res["warmup_kernels"] = warm.groups()
     try:
         serves = []
-        for _ in range(args.http_serves):
+        for i in range(args.http_serves):
             lengths = PROFILES[args.http_profile](args.http_requests)
-            serve = http_bench(url, lengths, proc.pid, out, tokenizer=model_dir)
+            # Other prompts each serve: a repeat would hit the prefix cache.
+            first = i * len(lengths)
+            serve = http_bench(url, lengths, proc.pid, out, tokenizer=model_dir, first_id=first)
             missed = log.read_text(errors="replace").count("compiled on the serving path")
             serves.append({**serve, "serving_path_compiles_so_far": missed})
             print(json.dumps({"serve": len(serves), **serve}), flush=True)
