@@ -30,6 +30,7 @@ from stator.engines.native.native_card import CoreInfo, native_card
 from stator.kv.transfer.agent import KvTransferAgent
 from stator.kv.transfer.stats import TransferStats
 from stator.protocols import (
+    DisaggParams,
     EngineOutput,
     EngineRequest,
     KvEvent,
@@ -166,6 +167,24 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                 # Shielded: a second cancel must not drop the abort (it would then decode
                 # to max_tokens for nobody).
                 await asyncio.shield(self._spawn(self.abort(rid)))
+
+    async def _drop_admitted(
+        self, rid: str, plan: ImportPlan | None, disagg: DisaggParams | None
+    ) -> None:
+        """Undo an admission whose caller was cancelled before it saw the answer: abort
+        the request (a pull plan's pull never started: end it as aborted) and unpin."""
+        core = self._core()
+
+        def drop() -> None:
+            core.abort(rid)
+            if plan is not None:  # its pull never started: end it as aborted
+                core.end_import(rid, False)
+
+        with contextlib.suppress(EngineDead):
+            await self._between_steps(drop)
+        self._after_change()
+        if disagg is not None:
+            await self._release_remote(disagg)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)

@@ -81,24 +81,6 @@ class DisaggServing:
             self._wakeup.set()
             self._spawn(self._release_remote(disagg))
 
-    async def _drop_admitted(
-        self, rid: str, plan: ImportPlan | None, disagg: DisaggParams | None
-    ) -> None:
-        """Undo an admission whose caller was cancelled before it saw the answer: abort
-        the request (a pull plan's pull never started: end it as aborted) and unpin."""
-        core = self._core()
-
-        def drop() -> None:
-            core.abort(rid)
-            if plan is not None:  # its pull never started: end it as aborted
-                core.end_import(rid, False)
-
-        with contextlib.suppress(EngineDead):
-            await self._between_steps(drop)
-        self._after_change()
-        if disagg is not None:
-            await self._release_remote(disagg)
-
     async def _release_remote(self, disagg: DisaggParams) -> None:
         if self.agent is not None and disagg.prefill_request_id is not None:
             await self.agent.release(disagg.transfer, disagg.prefill_request_id)

@@ -197,6 +197,11 @@ class ModelRunner:
                 if shape not in chosen:
                     chosen[shape] = choose(module.weight, module.bias)
                 module.gemv_config = chosen[shape]
+                if module.epilogue:  # its output goes to a fused consumer: timed as that
+                    key = (*shape, module.epilogue)
+                    if key not in chosen:
+                        chosen[key] = choose(module.weight, module.bias, module.epilogue)
+                    module.epilogue_gemv = chosen[key]
         log.info("split-K GEMV for batch <= 8: %s", chosen)
 
     def _allocate_kv(self, num_blocks: int) -> None:

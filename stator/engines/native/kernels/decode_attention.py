@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import pdl
+from stator.engines.native.kernels.pdl import pdl_sync
+
 BLOCK_N = 64
 _LOG2E = 1.4426950408889634
 
@@ -53,7 +56,9 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -119,7 +124,9 @@ def _decode_merge_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     pid = tl.program_id(0)  # b * Hq + h
     b = pid // NUM_HEADS
     h = pid % NUM_HEADS
@@ -208,6 +215,8 @@ def paged_decode_attention(
         BLOCK_N=BLOCK_N,
         NUM_SPLITS=num_splits,
         PRECISION=_precision(q),
+        PDL=pdl.enabled(q),
+        launch_pdl=pdl.enabled(q),
         num_warps=4,
         num_stages=2,
     )
@@ -223,6 +232,8 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HAS_SINKS=sinks is not None,
+        PDL=pdl.enabled(q),
+        launch_pdl=pdl.enabled(q),
         num_warps=4,
     )
     return out
