@@ -12,8 +12,10 @@ every request added at once, stepped until done; (2) each server variant (`stato
 with its flags) through HTTP with `stator bench`'s load generator at concurrency 256,
 completions endpoint, exact lengths (ignore_eos), the same lengths as (1). It prints both,
 the busiest server process's CPU, and the workload's floor: prefill FLOPs at the measured
-bf16 matmul rate plus decode bytes (weights once per step at the batch cap, KV read per
-token) at the measured copy bandwidth, and each result's ratio to that floor. Also: batch-1
+bf16 matmul rate plus decode bytes (weights once per step, KV read per token) at the
+measured copy bandwidth, with as many steps as the batch cap or the longest output needs
+(`serving_workloads.floor` says why), and each result's ratio to it and to the old floor
+(steps from the batch cap alone, the ratio the README's history used). Also: batch-1
 decode tok/s, the decode step at batch 256, and mixed steps in isolation (16 / 64 / 240
 decodes plus one new 128-token prompt each step) with the GPU's busy fraction over them.
 `--engine-variant NAME=JSON` times the engine alone again with other `NativeConfig` fields
