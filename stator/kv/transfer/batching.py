@@ -24,7 +24,6 @@ time). Off (`enabled=False`), every item is its own batch, started at once in th
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -36,8 +35,8 @@ R = TypeVar("R")  # an item's result
 @dataclass
 class Batch:
     size: int
-    start_seconds: float = 0.0  # host time in `start`
-    # Set when the batch is over (results handed out): awaited, never cancelled.
+    # Set when the batch's work is over (just before its items are answered): awaited by
+    # items cancelled meanwhile, never cancelled itself.
     over: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -114,7 +113,6 @@ class Batcher(Generic[I, R]):
             entry.batch = batch
         self.batches += 1
         self.items += len(entries)
-        began = time.perf_counter()
         try:
             started = self._start([e.item for e in entries])
         except Exception as exc:
@@ -123,7 +121,6 @@ class Batcher(Generic[I, R]):
                 _answer(entry, exc, batch)
             self._schedule(loop)
             return
-        batch.start_seconds = time.perf_counter() - began
         self._running += 1
         task = loop.create_task(self._end(entries, batch, started))
         self._tasks.add(task)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 Ids = tuple[list[int], list[int]]  # (remote, local) block ids of one pull
 Request = Callable[[dict[str, Any], dict[str, Any]], Awaitable[dict]]
 COPY_DEPTH = 2  # batches in flight: one copying, the next staged behind it on the stream
+RELEASE_TIMEOUT_S = 5.0  # best effort: the prefill side's pin timeout is the backstop
 
 
 class LaunchFailed(Exception):
@@ -96,7 +97,7 @@ def release_batcher(request: Request, enabled: bool) -> Batcher:
             message: dict[str, Any] = {"op": "release", "pin": releases[0][1]}
         else:
             message = {"op": "release", "pins": [pin for _, pin in releases]}
-        exchange = asyncio.wait_for(request(transfer, message), 5.0)
+        exchange = asyncio.wait_for(request(transfer, message), RELEASE_TIMEOUT_S)
         return len(releases), asyncio.ensure_future(exchange)
 
     async def finish(started) -> list[Any]:

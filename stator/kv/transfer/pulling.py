@@ -5,8 +5,8 @@ transfer, unless the config forces one:
 - `ipc`: same host and both pools on CUDA: the prefill pool is opened through CUDA IPC
   once (mapped in this GPU's context for the `pull` copy, the default, else on the GPU
   that holds it), then blocks are copied GPU to GPU: with the `pull` kernel by a
-  `PeerCopier` (enqueued from the event loop, waited for in a thread), else by
-  `copy.copy_blocks` in a thread;
+  `PeerCopier` (enqueued from the event loop, waited for in a thread; pulls pending
+  together share one launch, `coalesced.py`), else by `copy.copy_blocks` in a thread;
 - `nixl` (`nixl.py`): other hosts, when both sides have the `nixl` package: the decode
   side's NIXL agent reads the blocks straight from the prefill pool (RDMA where UCX has it);
 - `tcp` (`tcp.py`): anything else: the bytes come over the socket in chunks, straight
