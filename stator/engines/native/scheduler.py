@@ -28,8 +28,8 @@ are ordered by length alone; under a steady stream of long requests a short one 
 what was queued before it plus at most one batch of later arrivals. The oldest waiting
 sequence is always the most overtaken (whatever passed a younger one passed it too), so
 only it needs checking. Sequences that already hold something go first in either policy:
-one preempted (its output so far is recomputed) or one whose prompt KV was pulled from a
-prefill worker (it holds its blocks).
+one preempted after its first token (its output so far is recomputed) or one whose prompt
+KV was pulled from a prefill worker (it holds its blocks).
 """
 
 from __future__ import annotations
