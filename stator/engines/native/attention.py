@@ -18,6 +18,10 @@ from stator.engines.native.context import StepContext, get_context
 
 
 class AttentionBackend(abc.ABC):
+    #: Whether `store` writes row t of k and v to slot `slot_mapping[t]` of contiguous
+    #: caches and nothing else: then a fused kernel may store them itself (`epilogues.py`).
+    stores_by_slot = False
+
     @abc.abstractmethod
     def plan(self, ctx: StepContext, sliding_window: int | None) -> None:
         """Precompute per-step metadata into `ctx.attn_metadata` (once, for all layers)."""

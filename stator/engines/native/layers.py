@@ -56,6 +56,10 @@ class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.gemv_config: Any = None
+        # How a fused consumer takes this projection's output ("", "parts", "gated":
+        # `epilogues.py`), set by the model; and the GEMV config chosen for that.
+        self.epilogue = ""
+        self.epilogue_gemv: Any = None
         # The LoRA adapter slots of this projection (`lora/slots.py`), when LoRA is on.
         self.lora: Any = None
         for p in self.parameters():

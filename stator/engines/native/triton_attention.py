@@ -34,6 +34,8 @@ class _TritonPlan:
 
 
 class TritonAttention(AttentionBackend):
+    stores_by_slot = True
+
     def plan(self, ctx: StepContext, sliding_window: int | None) -> None:
         decode = ctx.max_query_len == 1
         ctx.attn_metadata = _TritonPlan(

@@ -251,3 +251,122 @@ def test_gemv_choice_is_correct_or_none():
         x = torch.randn(2, 4096, device=DEV).bfloat16()
         ref = torch.nn.functional.linear(x.float(), weight.float())
         assert _rel_err(gemv(x, weight, cfg), ref) < 1e-2
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_epilogues_equal_the_unfused_kernels(splits, with_bias):
+    """Each GEMV consumer with the split-K sum inside (kernels/epilogues.py) writes exactly
+    what the sum kernel followed by the unfused kernel writes: bf16, 8B shapes, 3 rows."""
+    from stator.engines.native.kernels import epilogues
+    from stator.engines.native.kernels.elementwise import rms_norm, rope_, silu_mul
+    from stator.engines.native.kernels.gemv import GemvConfig, gemv
+    from stator.engines.native.kernels.store_kv import store_kv
+    from stator.engines.native.layers import RotaryEmbedding
+
+    gen = torch.Generator(device=DEV).manual_seed(splits)
+    rows, hq, hkv, d = 3, 32, 8, 128
+    cfg = GemvConfig(32, 128, splits)
+    x = torch.randn(rows, 4096, device=DEV, generator=gen).bfloat16()
+
+    def weight(n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = (torch.randn(n, 4096, device=DEV, generator=gen) * 0.02).bfloat16()
+        b = torch.randn(n, device=DEV, generator=gen).bfloat16() if with_bias else None
+        return w, b
+
+    def parts(w, b):
+        if splits == 1:
+            return gemv(x, w, cfg, b), None
+        return gemv(x, w, cfg, reduce=False), b
+
+    # q/k/v -> RoPE + KV store
+    w, b = weight((hq + 2 * hkv) * d)
+    rot = RotaryEmbedding(d, 4096, 500000.0, None).to(DEV)
+    pos = torch.tensor([7, 4000, 1], device=DEV)
+    slots = torch.tensor([5, -1, 2], device=DEV)
+    caches = [torch.zeros(4, 2, hkv, d, device=DEV).bfloat16() for _ in range(4)]
+    ref = gemv(x, w, cfg, b)
+    q, k, v = ref.split([hq * d, hkv * d, hkv * d], -1)
+    q, k, v = q.view(rows, hq, d), k.view(rows, hkv, d), v.view(rows, hkv, d)
+    rope_(q, k, rot.cos, rot.sin, pos)
+    store_kv(k, v, caches[0], caches[1], slots)
+    p, pb = parts(w, b)
+    out = epilogues.qkv_rope_store(
+        p, splits, pb, hq, hkv, rot.cos, rot.sin, pos, slots, caches[2], caches[3], x.dtype
+    )
+    assert torch.equal(out, ref)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+    # o -> residual add + RMSNorm
+    w, b = weight(4096)
+    norm_w = (torch.rand(4096, device=DEV, generator=gen) + 0.5).bfloat16()
+    res = torch.randn(rows, 4096, device=DEV, generator=gen).bfloat16()
+    res_ref = res.clone()
+    ref = rms_norm(gemv(x, w, cfg, b), norm_w, 1e-5, res_ref)
+    p, pb = parts(w, b)
+    assert torch.equal(epilogues.add_rms_norm(p, splits, pb, res, norm_w, 1e-5), ref)
+    assert torch.equal(res, res_ref)
+    # gate/up -> SiLU-and-multiply (no bias in any gated MLP)
+    w, _ = weight(2 * 1536)
+    p, _ = parts(w, None)
+    ref = silu_mul(gemv(x, w, cfg))
+    assert torch.equal(epilogues.silu_mul(p, splits, x.dtype), ref)
+    # ... or inside the GEMV: its own epilogue (one split), or its partials (several)
+    gated = gemv(x, w, cfg, gated=True, reduce=splits == 1)
+    if splits > 1:
+        gated = epilogues.silu_mul(gated, splits, x.dtype)
+    assert torch.equal(gated, ref)
+
+
+@pytest.mark.parametrize("epilogue", ["parts", "gated"])
+def test_gemv_choice_for_an_epilogue_is_correct_or_none(epilogue):
+    from stator.engines.native.kernels import epilogues
+    from stator.engines.native.kernels.elementwise import silu_mul
+    from stator.engines.native.kernels.gemv import choose, gemv
+
+    weight = torch.randn(2 * 3584, 4096, device=DEV).bfloat16() * 0.02
+    cfg = choose(weight, None, epilogue)
+    if cfg is None:
+        return
+    x = torch.randn(2, 4096, device=DEV).bfloat16()
+    ref = torch.nn.functional.linear(x.float(), weight.float())
+    gated = epilogue == "gated"
+    out = gemv(x, weight, cfg, gated=gated, reduce=cfg.split_k == 1)
+    if gated:
+        ref = silu_mul(ref.bfloat16()).float()
+    if cfg.split_k > 1:
+        out = epilogues.silu_mul(out, cfg.split_k, x.dtype) if gated else out.sum(0)
+    assert _rel_err(out, ref) < 1e-2
+
+
+def test_fused_epilogues_and_pdl_leave_the_engine_s_tokens_unchanged(llama):
+    """bf16 on CUDA with decode graphs, a split-K GEMV forced on every projection: greedy
+    tokens of a mixed batch are the same with the fused epilogues and programmatic
+    dependent launch (kernels/pdl.py) each on and off."""
+    from stator.engines.native import epilogues, step_graphs
+    from stator.engines.native.config import NativeConfig
+    from stator.engines.native.engine_core import EngineCore
+    from stator.engines.native.kernels import pdl
+    from stator.engines.native.kernels.gemv import GemvConfig
+    from stator.engines.native.layers import Linear
+    from tests.engines.native.models import greedy_request, prompt, run_all, tokens_of
+
+    model_dir, _ = llama
+    core = EngineCore(
+        NativeConfig(device="cuda", dtype="bfloat16", kv_cache_memory="8MiB"), model_dir
+    )
+    for module in core.runner.model.modules():
+        if isinstance(module, Linear):
+            module.gemv_config = module.epilogue_gemv = GemvConfig(16, 32, 2)
+    results, before = [], (epilogues.ENABLED, pdl.ENABLED)
+    try:
+        for fused, with_pdl in ((False, False), (True, False), (True, True), (False, True)):
+            epilogues.ENABLED, pdl.ENABLED = fused, with_pdl
+            step_graphs.release(core.runner)
+            step_graphs.capture(core.runner, prepare=False)
+            tag = f"{fused:d}{with_pdl:d}"
+            reqs = [greedy_request(f"r{tag}{i}", prompt(i, 3 + 17 * i), 24) for i in range(5)]
+            out = run_all(core, reqs)
+            results.append([tokens_of(out[r.request_id]) for r in reqs])
+    finally:
+        epilogues.ENABLED, pdl.ENABLED = before
+    assert all(r == results[0] for r in results)

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import pdl
+from stator.engines.native.kernels.pdl import pdl_sync
+
 BLOCK_N = 64
 _LOG2E = 1.4426950408889634
 
@@ -31,7 +34,7 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bt_stride"])  # the table's width varies in mixed steps
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -53,7 +56,9 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -119,7 +124,9 @@ def _decode_merge_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     pid = tl.program_id(0)  # b * Hq + h
     b = pid // NUM_HEADS
     h = pid % NUM_HEADS
@@ -153,7 +160,10 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     by_occupancy = max(1, (2 * sms) // max(1, batch * num_kv_heads))
     by_length = max(1, math.ceil(max_seq_len / BLOCK_N))
-    return min(by_occupancy, by_length, 32)
+    # A power of two: NUM_SPLITS is a constexpr, so each value is a compile; eager mixed
+    # steps would otherwise meet any of 1..32 (kernel_warmup.py compiles all six).
+    splits = min(by_occupancy, by_length, 32)
+    return 1 << (splits.bit_length() - 1)
 
 
 def paged_decode_attention(
@@ -205,6 +215,8 @@ def paged_decode_attention(
         BLOCK_N=BLOCK_N,
         NUM_SPLITS=num_splits,
         PRECISION=_precision(q),
+        PDL=pdl.enabled(q),
+        launch_pdl=pdl.enabled(q),
         num_warps=4,
         num_stages=2,
     )
@@ -220,6 +232,8 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         HAS_SINKS=sinks is not None,
+        PDL=pdl.enabled(q),
+        launch_pdl=pdl.enabled(q),
         num_warps=4,
     )
     return out

@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import pdl
+from stator.engines.native.kernels.pdl import pdl_sync
+
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 8
@@ -40,13 +43,22 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     DIRECT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, 16)
+    # GATED: W's rows are [gate; up], N // 2 each; a program takes the same BLOCK_N
+    # columns of both, so that one split can write silu(gate) * up itself.
+    n_out = N
+    if GATED:
+        n_out = N // 2
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    col_ok = cols < n_out
     acc = tl.zeros([16, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([16, BLOCK_N], tl.float32)
     k_start = split * K_PER_SPLIT
     for k0 in range(k_start, k_start + K_PER_SPLIT, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -56,28 +68,45 @@ def _gemv_kernel(
             mask=col_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
+        if GATED:
+            w_up = tl.load(
+                w_ptr + (cols[:, None] + n_out).to(tl.int64) * K + ks[None, :],
+                mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
         x = tl.load(
             x_ptr + rows[:, None] * x_stride + ks[None, :],
             mask=(rows[:, None] < M) & k_ok[None, :],
             other=0.0,
         )
         acc += tl.dot(x, tl.trans(w))
+        if GATED:
+            acc_up += tl.dot(x, tl.trans(w_up))
     mask = (rows[:, None] < M) & col_ok[None, :]
     if DIRECT:  # one split: the final output, in its dtype
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        y = y_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        dtype = y_ptr.dtype.element_ty
+        y = y_ptr + rows[:, None].to(tl.int64) * n_out + cols[None, :]
+        if GATED:  # rounded as a separate SiLU-and-multiply kernel rounds (elementwise.py)
+            gate = acc.to(dtype).to(tl.float32)
+            up = acc_up.to(dtype)
+            tl.store(y, (gate / (1.0 + tl.exp(-gate))).to(dtype) * up, mask=mask)
+        else:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(y, acc.to(dtype), mask=mask)
     else:
         out = part_ptr + (split * M + rows[:, None]).to(tl.int64) * N + cols[None, :]
         tl.store(out, acc, mask=mask)
+        if GATED:
+            tl.store(out + n_out, acc_up, mask=mask)
 
 
 @triton.jit
 def _sum_splits_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLITS: tl.constexpr,
-                       BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+                       BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """y = the splits' float32 partial sums summed (+ bias), in y's dtype: one launch where
     `sum`, the cast and the bias took three."""
+    pdl_sync(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < M * N
     acc = tl.zeros([BLOCK], tl.float32)
@@ -97,20 +126,33 @@ class GemvConfig:
 
 
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, config: GemvConfig, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    config: GemvConfig,
+    bias: torch.Tensor | None = None,
+    *,
+    reduce: bool = True,
+    gated: bool = False,
 ) -> torch.Tensor:
-    """x [M <= 8, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype."""
+    """x [M <= 8, K] @ weight[N, K].T (+ bias [N]) -> [M, N] in x's dtype. With `reduce`
+    False and more than one split: the float32 partial sums [split_k, M, N] instead, bias
+    not added, for a consumer that sums them in its own kernel (`kernels/epilogues.py`).
+    `gated` (weight = [gate; up], no bias): silu(gate) * up [M, N / 2] with one split;
+    with more, only the partial sums (`reduce` False), which `epilogues.silu_mul` takes."""
     m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
         raise ValueError("gemv needs at most 8 contiguous rows and a contiguous weight")
-    per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     direct = config.split_k == 1
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if gated and (bias is not None or n % 2 or (reduce and not direct)):
+        raise ValueError("a gated gemv has no bias, an even N, and leaves splits unsummed")
+    per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    n_out = n // 2 if gated else n
+    y = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
     parts = (
         y if direct else torch.empty((config.split_k, m, n), dtype=torch.float32, device=x.device)
     )
-    grid = (triton.cdiv(n, config.block_n), config.split_k)
+    grid = (triton.cdiv(n_out, config.block_n), config.split_k)
     has_bias = bias is not None
     _gemv_kernel[grid](
         x,
@@ -127,16 +169,29 @@ def gemv(
         BLOCK_K=config.block_k,
         DIRECT=direct,
         HAS_BIAS=has_bias,
+        GATED=gated,
+        PDL=pdl.enabled(x),
+        launch_pdl=pdl.enabled(x),
         num_warps=config.num_warps,
         num_stages=4,
     )
+    if not direct and not reduce:
+        return parts
     if not direct:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            parts, bias if has_bias else parts, y, m, n, SPLITS=config.split_k, BLOCK=block,
-            HAS_BIAS=has_bias, num_warps=4,
-        )  # fmt: skip
+        sum_splits(parts, bias, y)
     return y
+
+
+def sum_splits(parts: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] = parts [S, M, N] (float32) summed over S (+ bias), in out's dtype."""
+    splits, m, n = parts.shape
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+        parts, bias if bias is not None else parts, out, m, n, SPLITS=splits, BLOCK=block,
+        HAS_BIAS=bias is not None, PDL=pdl.enabled(parts), launch_pdl=pdl.enabled(parts),
+        num_warps=4,
+    )  # fmt: skip
+    return out
 
 
 def _graph_time(fn, calls: int = 10, reps: int = 20) -> float:
@@ -172,23 +227,49 @@ def candidates(n: int, k: int, sms: int) -> list[GemvConfig]:
 
 
 @torch.no_grad()
-def choose(weight: torch.Tensor, bias: torch.Tensor | None = None) -> GemvConfig | None:
+def choose(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, epilogue: str = ""
+) -> GemvConfig | None:
     """The fastest correct config for one row against `weight` (and its bias, added in
     the kernels as cuBLAS adds it in its epilogue), or None where cuBLAS is at least as
-    fast."""
+    fast. `epilogue`: how the layer consumes the output (`epilogues.py`), which decides
+    what is timed: "" the summed output; "parts" the partial sums (the consumer's kernel
+    sums them); "gated" silu(gate) * up, against cuBLAS plus the SiLU-and-multiply kernel
+    (with more than one split: the partials, then `epilogues.silu_mul`)."""
+    from stator.engines.native.kernels import elementwise, epilogues
+
     n, k = weight.shape
     sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
     x = torch.randn(1, k, device=weight.device, dtype=weight.dtype)
-    ref = torch.nn.functional.linear(x, weight, bias).float()
-    best, best_ms = None, _graph_time(lambda: torch.nn.functional.linear(x, weight, bias))
-    for cfg in candidates(n, k, sms):
+    gated = epilogue == "gated"
+
+    def cublas() -> torch.Tensor:
+        y = torch.nn.functional.linear(x, weight, bias)
+        return elementwise.silu_mul(y) if gated else y
+
+    def run(cfg: GemvConfig) -> torch.Tensor:
+        if epilogue == "" or cfg.split_k == 1:
+            return gemv(x, weight, cfg, bias, gated=gated)
+        parts = gemv(x, weight, cfg, bias, reduce=False, gated=gated)
+        return epilogues.silu_mul(parts, cfg.split_k, x.dtype) if gated else parts
+
+    def finished(cfg: GemvConfig) -> torch.Tensor:
+        out = run(cfg)
+        if epilogue == "parts" and cfg.split_k > 1:
+            out = sum_splits(out, bias, torch.empty_like(ref, dtype=x.dtype))
+        return out.float()
+
+    ref = cublas().float()
+    best, best_ms = None, _graph_time(cublas)
+    for cfg in candidates(n // 2 if gated else n, k, sms):
         try:
-            out = gemv(x, weight, cfg, bias).float()
+            out = finished(cfg)
             if not torch.isfinite(out).all():
                 continue
             if float((out - ref).norm() / ref.norm().clamp_min(1e-6)) > 1e-2:
                 continue
-            ms = _graph_time(lambda cfg=cfg: gemv(x, weight, cfg, bias))
+            # "parts": the consumer's kernel runs either way; only the GEMV is timed.
+            ms = _graph_time(lambda cfg=cfg: run(cfg))
         except Exception as exc:  # a config this GPU cannot compile: skip it
             log.debug("gemv config %s failed: %s", cfg, exc)
             continue

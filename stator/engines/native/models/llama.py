@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from stator.engines.native import epilogues
 from stator.engines.native.attention import AttentionBackend
 from stator.engines.native.config import ModelSpec
 from stator.engines.native.context import get_context
@@ -56,6 +57,9 @@ class Attention(nn.Module):
         # The paged cache of this layer, [num_blocks, block_size, Hkv, D]; set by the runner.
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # Whether q/k/v's sum, RoPE and the KV store may run as one kernel on CUDA
+        # (`epilogues.py`); set by the model class.
+        self.fused_epilogues = False
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.project(positions, x)
@@ -66,6 +70,13 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k, v [T, Hkv, D] after RoPE, with k and v stored in the cache:
         everything before attention proper (piecewise graphs capture it, `piecewise.py`)."""
+        if (
+            self.fused_epilogues
+            and self.q_norm is None
+            and epilogues.active(x)
+            and self.backend.stores_by_slot
+        ):
+            return self._project_fused(positions, x)
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -75,6 +86,33 @@ class Attention(nn.Module):
         q, k = self.rotary(positions, q, k)
         self.backend.store(k, v, self.k_cache, self.v_cache)
         return q, k, v
+
+    def _project_fused(
+        self, positions: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`project` as two kernels: the projection's partial sums, then one kernel that
+        sums them, rotates q and k and stores k and v (`kernels/epilogues.py`)."""
+        from stator.engines.native.kernels.epilogues import qkv_rope_store
+
+        parts = epilogues.project(self.qkv_proj, x)
+        qkv = qkv_rope_store(
+            parts.data,
+            parts.splits,
+            parts.bias,
+            self.num_heads,
+            self.num_kv_heads,
+            self.rotary.cos,
+            self.rotary.sin,
+            positions,
+            get_context().slot_mapping,
+            self.k_cache,
+            self.v_cache,
+            x.dtype,
+        )
+        q, k, v = qkv.split(self.qkv_proj.sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        return q, k, v.view(-1, self.num_kv_heads, self.head_dim)
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
@@ -103,19 +141,44 @@ class DecoderLayer(nn.Module):
         )
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        # Whether the o and MLP projections' sums run inside the kernels that consume them
+        # (`epilogues.py`): a dense gated MLP only; set by the model class.
+        self.fused_epilogues = False
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor | epilogues.Parts,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | epilogues.Parts, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it). The residual add is
-        fused into the next norm: residual += x, then normalize (one kernel on CUDA)."""
+        fused into the next norm: residual += x, then normalize (one kernel on CUDA). With
+        fused epilogues x and the output may be a projection's unsummed `Parts`."""
+        if isinstance(x, epilogues.Parts):  # the previous layer's fused down projection
+            assert residual is not None
+            h = epilogues.add_rms_norm(self.input_layernorm, x, residual)
+            return self._forward_fused(positions, h, residual)
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
         else:
             h = self.input_layernorm(x, residual)
+        if self.fused_epilogues and epilogues.active(x):
+            return self._forward_fused(positions, h, residual)
         h = self.post_attention_layernorm(self.self_attn(positions, h), residual)
         return self.mlp(h), residual
+
+    def _forward_fused(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[epilogues.Parts, torch.Tensor]:
+        """From the normalized input h on: the o projection's sum in the post-attention
+        norm's kernel, the gate/up's in SiLU-and-multiply's; the down projection's is left
+        to the next norm."""
+        attn = self.self_attn
+        q, k, v = attn.project(positions, h)
+        o = epilogues.project(attn.o_proj, attn.attend(q, k, v).flatten(1))
+        h = epilogues.add_rms_norm(self.post_attention_layernorm, o, residual)
+        return epilogues.gated_mlp(self.mlp, h), residual
 
 
 class DecoderModel(nn.Module):
@@ -138,10 +201,14 @@ class DecoderModel(nn.Module):
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if i in self.aux_layers:
+                if isinstance(x, epilogues.Parts):
+                    x = x.tensor(residual.dtype)
                 aux.append(x if residual is None else x + residual)
             x, residual = layer(positions, x, residual)
         if self.aux_layers:
             self.aux_hidden = torch.cat(aux, dim=-1)
+        if isinstance(x, epilogues.Parts):
+            return epilogues.add_rms_norm(self.norm, x, residual)
         return self.norm(x, residual)
 
 
@@ -186,6 +253,13 @@ class LlamaForCausalLM(nn.Module):
             )
             for _ in range(spec.num_layers)
         ]
+        for layer in layers:  # dense Llama-family layers: fused epilogues on CUDA
+            layer.fused_epilogues = layer.self_attn.fused_epilogues = True
+            attn, mlp = layer.self_attn, layer.mlp
+            if not self.qk_norm:
+                attn.qkv_proj.epilogue = "parts"
+            attn.o_proj.epilogue = mlp.down_proj.epilogue = "parts"
+            mlp.gate_up_proj.epilogue = "gated"
         self.model = DecoderModel(spec, layers)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, spec.tp)
         if spec.tie_word_embeddings:
