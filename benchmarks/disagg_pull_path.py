@@ -14,7 +14,9 @@ directly (`copier_idle`) or replayed from a CUDA graph (`graph_idle`, `graph_loo
 as the agent runs it: enqueued on this thread, waited for in a pool thread
 (`graph_idle_agent`). Sustained: 8 pulls of fresh ids enqueued back to back after an idle
 gap, one wait (`burst8_*`: as a decode worker pulling a batch of prompts prefilled
-together sees them), GB/s over the 8. Every copier mode's copy is checked.
+together sees them), GB/s over the 8; and the same 8 pulls coalesced into one launch over
+the union of their ids (`union8_*`: what the agent's copy batcher does with pulls pending
+together). Every copier mode's copy is checked. `--modes` picks modes (default: all).
 
     python benchmarks/disagg_pull_path.py --out pull_path.json      # on the device
 """
@@ -79,7 +81,13 @@ def burst(launch, pulls) -> tuple[float, float]:
     return time.perf_counter() - started, first.elapsed_time(last) / 1e3
 
 
-def measure(src, dst, n: int, blocks: int, reps: int) -> dict:
+def union(pulls: list[tuple[list[int], list[int]]]) -> tuple[list[int], list[int]]:
+    """Pulls as one: their ids concatenated (a burst's local ids may repeat here, as
+    fresh() draws each pull's alone; the copy is timed, not checked)."""
+    return [b for r, _ in pulls for b in r], [b for _, lo in pulls for b in lo]
+
+
+def measure(src, dst, n: int, blocks: int, reps: int, wanted: set[str]) -> dict:
     rng = random.Random(n)
     fixed = (rng.sample(range(blocks), n), rng.sample(range(blocks), n))
     stream = torch.cuda.Stream(1)
@@ -150,14 +158,21 @@ def measure(src, dst, n: int, blocks: int, reps: int) -> dict:
             burst(graph.launch, [fresh() for _ in range(8)]),
         )[1],
         "burst8_graph_loop": lambda: burst(graph.launch, [fresh() for _ in range(8)]),
+        "union8_graph_idle": lambda: (
+            time.sleep(IDLE_S),
+            burst(graph.launch, [union([fresh() for _ in range(8)])]),
+        )[1],
+        "union8_graph_loop": lambda: burst(graph.launch, [union([fresh() for _ in range(8)])]),
     }
+    if wanted:
+        modes = {name: run for name, run in modes.items() if name in wanted}
     out = {}
     for name, run in modes.items():
         run()  # warm-up (Triton compile, peer access, the thread's CUDA state)
         rows = [run() for _ in range(reps)]
         walls = [w for w, _ in rows]
         devices = [d for _, d in rows]
-        moved = nbytes * (8 if name.startswith("burst8") else 1)
+        moved = nbytes * (8 if name.startswith(("burst8", "union8")) else 1)
         out[name] = {
             "wall_ms_median": statistics.median(walls) * 1e3,
             "wall_ms_best": min(walls) * 1e3,
@@ -174,6 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("pull_path.json"))
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--modes", default="", help="comma-separated modes to time (default: all)")
     args = ap.parse_args()
     blocks = SIZES[-1] // BS * 2
     shape = pool_shape(LAYERS, blocks, BS, HEADS, DIM)
@@ -181,7 +197,8 @@ def main() -> None:
     dst = torch.zeros(shape, dtype=torch.bfloat16, device="cuda:1")
     res: dict = {"device": torch.cuda.get_device_name(0), "idle_s": IDLE_S}
     for n in SIZES:
-        res[str(n)] = measure(src, dst, n // BS, blocks, args.reps)
+        wanted = set(filter(None, args.modes.split(",")))
+        res[str(n)] = measure(src, dst, n // BS, blocks, args.reps, wanted)
         print(n, json.dumps(res[str(n)]), flush=True)
         args.out.write_text(json.dumps(res, indent=1))
 

@@ -334,6 +334,8 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
         for _ in range(20):
             core.step()
         steps[bs] = round(1e3 * (time.perf_counter() - start) / 20, 2)
+        if args.profile and bs == max(args.batch_sizes) > 1:
+            res[f"profile_b{bs}_eager"] = profile_steps(core, 5)
         drain(core)
     res["step_ms"] = steps
     del core
@@ -344,22 +346,28 @@ def bench_engine(args, model_dir: Path, size: str, moe_weights: str, bandwidth: 
 
 def profile_b1(core: EngineCore, rng: random.Random) -> list:
     """CUDA time per kernel name over 8 eager batch-1 decode steps (graphs off)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    graphs, core.runner.graphs = core.runner.graphs, None
     core.add_request(request("prof", random_ids(rng, 32), 24))
     for _ in range(8):
         core.step()
+    rows = profile_steps(core, 8)
+    drain(core)
+    return rows
+
+
+def profile_steps(core: EngineCore, n: int) -> list:
+    """CUDA time per kernel name, per step, over the next n steps run eagerly (graphs off)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, core.runner.graphs = core.runner.graphs, None
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(8):
+        for _ in range(n):
             core.step()
         torch.cuda.synchronize()
-    drain(core)
     core.runner.graphs = graphs
     rows = sorted(prof.key_averages(), key=lambda e: -_device_us(e))[:25]
     return [
-        {"name": e.key[:90], "calls": e.count, "us_per_step": round(_device_us(e) / 8, 1)}
+        {"name": e.key[:90], "calls": e.count, "us_per_step": round(_device_us(e) / n, 1)}
         for e in rows
     ]
 
@@ -370,21 +378,42 @@ def _device_us(event) -> float:
 
 def bench_http(args, model_dir: Path, moe_weights: str, out: Path) -> dict:
     """`stator run` on the model, then `stator bench` at concurrency 256 with the lengths of
-    `--http-profile` (serving_workloads.py; made of the model's own tokens, exact lengths)."""
+    `--http-profile` (serving_workloads.py; made of the model's own tokens, exact lengths),
+    `--http-serves` times on the same server. Also: seconds from launch to serving, the
+    start-up kernel warm-up's seconds (kernel_warmup.py, from the server's log) and, after
+    each serve, how many kernels the server compiled on the serving path (the warm-up
+    missed them). `--fresh-triton-cache`: an empty Triton cache, as on a fresh machine."""
     from benchmarks.serving_workloads import PROFILES
     from benchmarks.stator_http import http_bench, launch
 
+    if args.fresh_triton_cache:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
+    log = out / f"stator_run_{args.name}.log"
+    start = time.perf_counter()
     proc, url = launch(
         ["--model", str(model_dir), "--load-format", "dummy", "--dtype", "bfloat16",
          "--moe-weights", moe_weights, "--max-model-len", str(args.max_model_len),
          "--max-num-seqs", "256", "--gpu-memory-utilization", str(args.gpu_memory_utilization),
          *shlex.split(args.serve_args)],
-        out / f"stator_run_{args.name}.log",
+        log,
     )  # fmt: skip
+    res: dict = {"profile": args.http_profile, "startup_s": round(time.perf_counter() - start, 1)}
+    warm = re.search(
+        r"kernel warm-up: (\d+) eager steps .* in ([\d.]+) s, (\S+) kernel", log.read_text()
+    )
+    if warm:
+        res["warmup_steps"], res["warmup_s"], res["warmup_kernels"] = warm.groups()
     try:
-        lengths = PROFILES[args.http_profile](args.http_requests)
-        res = http_bench(url, lengths, proc.pid, out, tokenizer=model_dir)
-        return {"profile": args.http_profile, **res}
+        serves = []
+        for i in range(args.http_serves):
+            lengths = PROFILES[args.http_profile](args.http_requests)
+            # Other prompts each serve: a repeat would hit the prefix cache.
+            first = i * len(lengths)
+            serve = http_bench(url, lengths, proc.pid, out, tokenizer=model_dir, first_id=first)
+            missed = log.read_text(errors="replace").count("compiled on the serving path")
+            serves.append({**serve, "serving_path_compiles_so_far": missed})
+            print(json.dumps({"serve": len(serves), **serve}), flush=True)
+        return {**res, **serves[0], "serves": serves}
     finally:
         proc.terminate()
         try:
@@ -397,7 +426,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="20b")
     ap.add_argument(
-        "--parts", nargs="+", default=["moe", "engine"], choices=["moe", "gemm", "engine", "http"]
+        "--parts",
+        nargs="+",
+        default=["moe", "engine"],
+        choices=["moe", "gemm", "sweep", "engine", "http"],
     )
     ap.add_argument("--moe-weights", default="mxfp4", choices=["mxfp4", "bf16"])
     ap.add_argument("--tokenizer-json", type=Path)
@@ -421,6 +453,12 @@ def main() -> None:
         "experts to bf16 from this many pairs",
     )
     ap.add_argument("--serve-args", default="", help="more `stator run` arguments (http)")
+    ap.add_argument("--http-serves", type=int, default=1, help="serves on one server (http)")
+    ap.add_argument(
+        "--fresh-triton-cache",
+        action="store_true",
+        help="the server starts with an empty Triton cache, as on a fresh machine (http)",
+    )
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     from stator.engines.native.kernels import moe_dequant
@@ -445,6 +483,10 @@ def main() -> None:
         for part in args.parts:
             if part == "http":
                 res["http"] = bench_http(args, model_dir, mode, args.out)
+            elif part == "sweep":  # benchmarks/gpt_oss_sweep.py
+                from benchmarks.gpt_oss_sweep import sweep
+
+                res["sweep"] = sweep(experts)
             elif part in ("moe", "gemm"):  # gemm: the grouped GEMMs' sweep only
                 res["moe_layer"] = bench_moe_layer(
                     mode == "mxfp4", experts, bandwidth, gemm_only=part == "gemm"
@@ -454,7 +496,9 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
             print(
-                json.dumps(res[{"moe": "moe_layer", "gemm": "moe_layer"}.get(part, part)]),
+                json.dumps(
+                    res[{"moe": "moe_layer", "gemm": "moe_layer"}.get(part, part)], default=str
+                ),
                 flush=True,
             )
             save(args, res)

@@ -29,13 +29,28 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
             }
             print(f"  GPU busy over those steps: {busy}")
     print(
-        "| profile | setup | output tok/s | / engine | / floor | ITL p50 ms | ITL / step | busiest CPU |"
+        "| profile | setup | output tok/s | / engine | / floor | / old floor | ITL p50 ms "
+        "| ITL / step | busiest CPU |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     step = eng.get("step_ms_at_256")
     for profile in profiles:
-        fl = res["floor"][profile]["output_tok_s"]
-        print(f"| {profile} | floor | {fl:.0f} | | 1.00 | | | |")
+        floor = res["floor"][profile]
+        fl, old = floor["output_tok_s"], floor["old"]["output_tok_s"]
+        print(
+            f"| {profile} | floor ({floor['steps']} steps: the longest output "
+            f"{floor['longest_output']}, {floor['steps_by_tokens']} by count) | {fl:.0f} | "
+            f"| 1.00 | {fl / old:.2f} | | | |"
+        )
+        print(
+            f"| {profile} | old floor ({floor['old']['steps']} steps) | {old:.0f} | | "
+            f"{old / fl:.2f} | 1.00 | | | |"
+        )
+        roof = floor["roofline"]["output_tok_s"]
+        print(
+            f"| {profile} | roofline (compute and memory overlapped) | {roof:.0f} | | "
+            f"{roof / fl:.2f} | {roof / old:.2f} | | | |"
+        )
         modes = [
             (f"{profile}", "all at once"),
             (f"{profile}_closed_loop", f"{concurrency} in flight"),
@@ -51,7 +66,7 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
             print(
                 f"| {profile} | engine alone ({label}) | {r['output_tok_s']:.0f} | "
                 f"{r['output_tok_s'] / e['output_tok_s']:.2f} | {r['output_tok_s'] / fl:.2f} "
-                f"| | | {r['cpu_pct']:.0f}% |"
+                f"| {r['output_tok_s'] / old:.2f} | | | {r['cpu_pct']:.0f}% |"
             )
         for name in variants:
             h = res["http"].get(name, {}).get(profile)
@@ -63,7 +78,8 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
             ratio = f"{itl / step:.2f}" if step else "-"
             print(
                 f"| {profile} | HTTP {name} ({h['ok']} ok, {h['failed']} failed) | "
-                f"{h['output_tok_s']:.0f} | {vs} | {h['output_tok_s'] / fl:.2f} | {itl:.1f} | "
+                f"{h['output_tok_s']:.0f} | {vs} | {h['output_tok_s'] / fl:.2f} | "
+                f"{h['output_tok_s'] / old:.2f} | {itl:.1f} | "
                 f"{ratio} | {busiest[0]} {busiest[1]:.0f}% |"
             )
     print_latencies(res, profiles, variants, step)

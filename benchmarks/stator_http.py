@@ -48,9 +48,16 @@ def start_server(device: str, tiny: bool, mdir: Path, extra: list[str], log: Pat
 
 
 def http_bench(
-    url: str, lengths: list[tuple[int, int]], server_pid: int, tmp: Path, tokenizer: Path = BUNDLED
+    url: str,
+    lengths: list[tuple[int, int]],
+    server_pid: int,
+    tmp: Path,
+    tokenizer: Path = BUNDLED,
+    first_id: int = 0,
 ) -> dict:
-    """The prompts are made of `tokenizer`'s tokens: the served model's own, for exact lengths."""
+    """The prompts are made of `tokenizer`'s tokens: the served model's own, for exact lengths.
+    Request i's prompt is block id first_id + i: a later serve on the same server with
+    another first_id shares no prefix with the earlier one (no prefix-cache hits)."""
     from stator.bench.config import BenchConfig
     from stator.bench.runner import run_benchmark
 
@@ -59,7 +66,12 @@ def http_bench(
         for i, (isl, osl) in enumerate(lengths):  # a block id per request: no shared prefix
             f.write(
                 json.dumps(
-                    {"timestamp": 0, "input_length": isl, "output_length": osl, "hash_ids": [i]}
+                    {
+                        "timestamp": 0,
+                        "input_length": isl,
+                        "output_length": osl,
+                        "hash_ids": [first_id + i],
+                    }
                 )
                 + "\n"
             )

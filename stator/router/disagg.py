@@ -146,7 +146,23 @@ class DisaggRouter:
             async for output in self.prefill.generate(prefill_request(request)):
                 if output.finish_reason is not None:
                     final = output
-        except (Migratable, NoInstances, Overloaded) as exc:
+        except BaseException as exc:
+            if final is not None and is_handoff(final):
+                # Its answer came (the KV is pinned) but its stream did not end: the
+                # client left, or the stream broke. Nobody will pull it: unpin it now.
+                assert final.disagg is not None
+                self._release(
+                    final.disagg.prefill_worker_id, final.disagg.prefill_request_id, False
+                )
+            elif isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                # The client left before the answer came. The prefill worker frees what it
+                # has unless its answer was already on its way here (then it pinned the KV
+                # under the request's id for a decode worker that will never come): ask
+                # every prefill worker to unpin that id (a no-op where nothing is pinned).
+                for worker_id in list(self.prefill_admin.instances if self.prefill_admin else []):
+                    self._release(worker_id, request.request_id, True)
+            if not isinstance(exc, (Migratable, NoInstances, Overloaded)):
+                raise
             if self.config.enforce_disagg:
                 self._count("rejected", "prefill_failed", request)
                 raise NoInstances(f"the prefill worker failed: {exc}") from exc
@@ -170,7 +186,7 @@ class DisaggRouter:
         params = final.disagg
         assert params is not None
         first = first_output(final)
-        handed_over = False
+        handed_over = finished = False
         try:
             yield first
             decode = decode_request(request, final, params)
@@ -178,16 +194,23 @@ class DisaggRouter:
             handed_over = True
             try:
                 async for output in stream:
+                    finished = output.finish_reason is not None
                     yield as_part_of_original(output, request, final)
             finally:
                 await stream.aclose()
         finally:
-            if not handed_over:
-                # The client left between the two halves: unpin the prefill's KV now
-                # rather than at its timeout.
-                self._release(params.prefill_worker_id, params.prefill_request_id)
+            if not finished:
+                # The client left between the two halves, or while the decode request was
+                # on its way (queued here, in transit, not yet admitted there): unpin the
+                # prefill's KV now rather than at its timeout. Once handed over, a decode
+                # worker may be reading it: then the pin stays, and that worker releases
+                # it when its copy is over.
+                pin = params.prefill_request_id
+                self._release(params.prefill_worker_id, pin, unless_claimed=handed_over)
 
-    def _release(self, worker_id: int | None, prefill_request_id: str | None) -> None:
+    def _release(
+        self, worker_id: int | None, prefill_request_id: str | None, unless_claimed: bool
+    ) -> None:
         admin = self.prefill_admin
         if admin is None or worker_id is None or prefill_request_id is None:
             return
@@ -196,7 +219,8 @@ class DisaggRouter:
 
         async def release() -> None:
             try:
-                request = AdminRequest(op="kv_release", args={"id": prefill_request_id})
+                args = {"id": prefill_request_id, "unless_claimed": unless_claimed}
+                request = AdminRequest(op="kv_release", args=args)
                 await asyncio.wait_for(admin.call(worker_id, request), 5.0)
             except Exception as exc:  # the prefill worker's timeout releases it anyway
                 log.debug("kv_release of %s failed: %s", prefill_request_id, exc)

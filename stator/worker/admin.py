@@ -74,7 +74,8 @@ class AdminOps:
         return await state if inspect.isawaitable(state) else state
 
     async def _kv_release(self, args: dict[str, Any]) -> bool:
-        return await self.engine.release_kv(_required_str(args, "id"))
+        unless_claimed = bool(args.get("unless_claimed", False))
+        return await self.engine.release_kv(_required_str(args, "id"), unless_claimed)
 
     async def _load_lora(self, args: dict[str, Any]) -> Any:
         name, path = _required_str(args, "name"), _required_str(args, "path")

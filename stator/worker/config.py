@@ -61,6 +61,11 @@ class WorkerConfig:
         "Prefill role: seconds a prompt's KV stays pinned for the decode side before it is "
         "released unasked; decode role: seconds a pull waits on a quiet prefill worker",
     )
+    kv_transfer_coalesce: bool = option(
+        True,
+        "Decode role: pulls pending on one prefill worker share one copy launch (over the "
+        "union of their blocks), one pin-check and one release round trip",
+    )
     reasoning_parser: str | None = option(None, "Reasoning parser the frontend should apply")
     tool_call_parser: str | None = option(None, "Tool-call parser the frontend should apply")
     max_model_len: int = option(

@@ -101,6 +101,7 @@ class WorkerHost:
             copy=self.config.kv_transfer_copy,
             host=self.config.kv_transfer_host or self.runtime.config.host,
             timeout=self.config.kv_transfer_timeout,
+            coalesce=self.config.kv_transfer_coalesce,
         )
         began = time.monotonic()
         await self.engine.start()

@@ -227,6 +227,19 @@ async def test_a_stop_token_at_prefill_ends_the_request_there(fleet, monkeypatch
 
 
 async def test_a_client_leaving_between_the_halves_releases_the_prefill_kv(fleet):
+    released = await leave_after(fleet, outputs=1)
+    assert released == [("r1", False)]  # no decode worker has it: unpinned whatever
+
+
+async def test_a_client_leaving_once_the_decode_request_is_sent_releases_unless_claimed(fleet):
+    """On its way to (or at) the decode worker: the router asks the prefill worker to
+    unpin now, unless a decode worker has begun reading the blocks (it releases them
+    itself after its copy). Not left to the prefill side's timeout."""
+    released = await leave_after(fleet, outputs=2)
+    assert released == [("r1", True)]
+
+
+async def leave_after(fleet, outputs: int) -> list[tuple[str, bool]]:
     prefill = await fleet.worker("prefill")
     await fleet.worker("decode")
     router = await fleet.router()
@@ -234,17 +247,93 @@ async def test_a_client_leaving_between_the_halves_releases_the_prefill_kv(fleet
     await router.decode.client.wait_for_instances(1)
     released = []
 
-    async def release_kv(rid):
-        released.append(rid)
+    async def release_kv(rid, unless_claimed=False):
+        released.append((rid, unless_claimed))
         return True
 
     prefill.engine.release_kv = release_kv
-    stream = router.generate(request("r1"))
-    first = await anext(stream)
-    assert len(first.token_ids) == 1
+    stream = router.generate(request("r1", max_tokens=50))
+    for _ in range(outputs):
+        out = await anext(stream)
+        assert out.finish_reason is None
     await stream.aclose()
     for _ in range(100):
         if released:
             break
         await asyncio.sleep(0.01)
-    assert released == ["r1"]
+    return released
+
+
+async def test_a_client_leaving_after_the_prefill_answer_before_its_stream_ends_releases(fleet):
+    """The prefill worker's answer (where the KV is pinned) is in, its stream not yet over,
+    when the client leaves: nobody will pull that KV, so the router unpins it now."""
+    prefill = await fleet.worker("prefill")
+    await fleet.worker("decode")
+    router = await fleet.router()
+    await router.prefill.client.wait_for_instances(1)
+    await router.decode.client.wait_for_instances(1)
+    released = []
+
+    async def release_kv(rid, unless_claimed=False):
+        released.append((rid, unless_claimed))
+        return True
+
+    prefill.engine.release_kv = release_kv
+    real = router.prefill.generate
+    answered = asyncio.Event()
+
+    async def answer_then_hang(req):
+        async for out in real(req):
+            yield out
+        answered.set()
+        await asyncio.Event().wait()  # the stream's end never comes
+
+    router.prefill.generate = answer_then_hang
+    stream = router.generate(request("r1", max_tokens=50))
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(answered.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+    for _ in range(100):
+        if released:
+            break
+        await asyncio.sleep(0.01)
+    assert released == [("r1", False)]
+
+
+async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_to_unpin(fleet):
+    """The answer may be on its way (the KV pinned under the request's id) as the client
+    leaves: every prefill worker is asked to unpin that id unless a reader claimed it."""
+    prefill = await fleet.worker("prefill")
+    await fleet.worker("decode")
+    router = await fleet.router()
+    await router.prefill.client.wait_for_instances(1)
+    await router.decode.client.wait_for_instances(1)
+    await router.prefill_admin.wait_for_instances(1)
+    released = []
+
+    async def release_kv(rid, unless_claimed=False):
+        released.append((rid, unless_claimed))
+        return False
+
+    prefill.engine.release_kv = release_kv
+    asked = asyncio.Event()
+
+    async def never_answers(req):
+        asked.set()
+        await asyncio.Event().wait()
+        yield  # an async generator that never yields
+
+    router.prefill.generate = never_answers
+    stream = router.generate(request("r1", max_tokens=50))
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(asked.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+    for _ in range(100):
+        if released:
+            break
+        await asyncio.sleep(0.01)
+    assert released == [("r1", True)]

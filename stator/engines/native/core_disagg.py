@@ -65,8 +65,11 @@ class DisaggCore:
         export = self.exports.get(pin_id)
         return None if export is None else export.block_ids
 
-    def release_export(self, pin_id: str) -> bool:
-        seq = self.exports.release(pin_id)
+    def claim_export(self, pin_id: str) -> None:
+        self.exports.claim(pin_id)
+
+    def release_export(self, pin_id: str, unless_claimed: bool = False) -> bool:
+        seq = self.exports.release(pin_id, unless_claimed)
         if seq is None:
             return False
         self.blocks.free(seq)

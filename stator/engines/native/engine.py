@@ -30,6 +30,7 @@ from stator.engines.native.native_card import CoreInfo, native_card
 from stator.kv.transfer.agent import KvTransferAgent
 from stator.kv.transfer.stats import TransferStats
 from stator.protocols import (
+    DisaggParams,
     EngineOutput,
     EngineRequest,
     KvEvent,
@@ -127,6 +128,9 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
             and disagg.prefill_worker_id is not None
             and bool(disagg.transfer)
         )
+        # A router's prefill request (prefill role): its KV is pinned at its end under its id.
+        exports = disagg is not None and disagg.prefill_worker_id is None
+        answered = False  # its final output went to the caller (with the pin's name)
         admitted: list[ImportPlan | None] = []  # set once the core has the request
 
         def admit_to_core() -> ImportPlan | None:
@@ -143,6 +147,11 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                 # as the cancel came: asyncio raised in place of the answer): nothing else
                 # would ever free its blocks, or end its pull's pin.
                 self._spawn(self._drop_admitted(rid, admitted[0], disagg if pulls else None))
+            elif pulls:
+                # Cancelled (or refused) before the core took it: no pull will ever read
+                # the prefill side's pin, so unpin it now rather than at its timeout.
+                assert disagg is not None
+                self._spawn(self._release_remote(disagg))
             raise
         self._refresh_load()
         self._wakeup.set()
@@ -157,8 +166,9 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                     await asyncio.shield(self._spawn(self._import(disagg, plan)))
             while True:
                 out = await queue.get()
+                answered = out.finish_reason is not None
                 yield out
-                if out.finish_reason is not None:
+                if answered:
                     return
         finally:
             if rid in self._streams:  # the caller stopped reading: free the request now
@@ -166,6 +176,29 @@ class NativeEngine(LoraAndSleep, DisaggServing, Engine):
                 # Shielded: a second cancel must not drop the abort (it would then decode
                 # to max_tokens for nobody).
                 await asyncio.shield(self._spawn(self.abort(rid)))
+            if exports and not answered:
+                # The caller left before it heard where the KV is pinned (its prefill may
+                # have ended, and pinned it, as the cancel came): no decode worker will
+                # ever pull it, so unpin it now rather than at its timeout.
+                await asyncio.shield(self._spawn(self.release_kv(rid)))
+
+    async def _drop_admitted(
+        self, rid: str, plan: ImportPlan | None, disagg: DisaggParams | None
+    ) -> None:
+        """Undo an admission whose caller was cancelled before it saw the answer: abort
+        the request (a pull plan's pull never started: end it as aborted) and unpin."""
+        core = self._core()
+
+        def drop() -> None:
+            core.abort(rid)
+            if plan is not None:  # its pull never started: end it as aborted
+                core.end_import(rid, False)
+
+        with contextlib.suppress(EngineDead):
+            await self._between_steps(drop)
+        self._after_change()
+        if disagg is not None:
+            await self._release_remote(disagg)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)

@@ -25,7 +25,11 @@ class DisaggServing:
             raise EngineError(f"--role {self.role} needs the KV cache in one pool")
         core.exports.timeout = self.kv_transfer.timeout
         self.agent = KvTransferAgent(
-            self.kv_transfer, pool, pins=core.pinned, release=self.release_kv
+            self.kv_transfer,
+            pool,
+            pins=core.pinned,
+            release=self.release_kv,
+            claim=core.claim_export,
         )
         size = self.config.tensor_parallel_size
         if size > 1:  # one agent per rank, each on its own heads' pool (rank_transfer.py)
@@ -81,32 +85,16 @@ class DisaggServing:
             self._wakeup.set()
             self._spawn(self._release_remote(disagg))
 
-    async def _drop_admitted(
-        self, rid: str, plan: ImportPlan | None, disagg: DisaggParams | None
-    ) -> None:
-        """Undo an admission whose caller was cancelled before it saw the answer: abort
-        the request (a pull plan's pull never started: end it as aborted) and unpin."""
-        core = self._core()
-
-        def drop() -> None:
-            core.abort(rid)
-            if plan is not None:  # its pull never started: end it as aborted
-                core.end_import(rid, False)
-
-        with contextlib.suppress(EngineDead):
-            await self._between_steps(drop)
-        self._after_change()
-        if disagg is not None:
-            await self._release_remote(disagg)
-
     async def _release_remote(self, disagg: DisaggParams) -> None:
         if self.agent is not None and disagg.prefill_request_id is not None:
             await self.agent.release(disagg.transfer, disagg.prefill_request_id)
 
-    async def release_kv(self, prefill_request_id: str) -> bool:
+    async def release_kv(self, prefill_request_id: str, unless_claimed: bool = False) -> bool:
         core = self.core
         if core is None or self._dead is not None:
             return False
-        released = await self._between_steps(lambda: core.release_export(prefill_request_id))
+        released = await self._between_steps(
+            lambda: core.release_export(prefill_request_id, unless_claimed)
+        )
         self._after_change()
         return released

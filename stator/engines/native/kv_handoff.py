@@ -27,6 +27,9 @@ class Export:
     seq: Sequence
     block_ids: list[int]  # the prompt's blocks, in order (the last may be partial)
     deadline: float
+    # A decode agent checked the pin to read the blocks (`claim`): from then on only its
+    # release unpins them early (it comes after the copy), not the router's.
+    claimed: bool = False
 
 
 class ExportTable:
@@ -51,11 +54,22 @@ class ExportTable:
     def get(self, pin_id: str) -> Export | None:
         return self._exports.get(pin_id)
 
-    def release(self, pin_id: str) -> Sequence | None:
-        """The sequence whose blocks to free now, or None if nothing is pinned there."""
-        export = self._exports.pop(pin_id, None)
-        if export is None:
+    def claim(self, pin_id: str) -> None:
+        """A decode agent found the pin and reads the blocks now: the pin lasts at least
+        `timeout` more (an answer given just before the deadline must not let the blocks
+        go while the copy runs)."""
+        export = self._exports.get(pin_id)
+        if export is not None:
+            export.claimed = True
+            export.deadline = max(export.deadline, self.clock() + self.timeout)
+
+    def release(self, pin_id: str, unless_claimed: bool = False) -> Sequence | None:
+        """The sequence whose blocks to free now, or None if nothing is pinned there (or,
+        `unless_claimed`, a decode agent is reading it: its own release will come)."""
+        export = self._exports.get(pin_id)
+        if export is None or (unless_claimed and export.claimed):
             return None
+        del self._exports[pin_id]
         self.num_released += 1
         return export.seq
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stator.engines.native import step_graphs
+from stator.engines.native import kernel_warmup, step_graphs
 from stator.engines.native.attention import AttentionBackend, make_backend
 from stator.engines.native.config import ModelSpec, NativeConfig, parse_bytes
 from stator.engines.native.context import StepContext, set_context
@@ -128,6 +128,7 @@ class ModelRunner:
         self._asleep: Offloaded | None = None
         self._asleep_parts: set[str] = set()
         step_graphs.capture(self, prepare=True)
+        kernel_warmup.warm_up(self)  # after the graphs: steps they do not take, compiled
 
     # -- sleep mode ----------------------------------------------------------------------
 

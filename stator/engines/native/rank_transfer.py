@@ -150,4 +150,5 @@ async def pull_all_ranks(
         seconds=time.perf_counter() - started,
         copy_seconds=max(r.copy_seconds for r in done),
         phases=done[0].phases,  # rank 0's
+        batched=done[0].batched,
     )

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from stator.kv.transfer import nixl
+from stator.kv.transfer.batching import Batcher
 from stator.kv.transfer.config import TransferConfig
 from stator.kv.transfer.links import Link, Links
 from stator.kv.transfer.pulling import PullSide, local_agents
 from stator.kv.transfer.result import PullResult, TransferError
-from stator.kv.transfer.serving import Operation, PinLookup, Release, ServeSide
+from stator.kv.transfer.serving import Claim, Operation, PinLookup, Release, ServeSide
 
 if TYPE_CHECKING:  # imports Triton, which a CPU-only install may lack
     from stator.kv.transfer.peer_copier import PeerCopier
@@ -37,12 +38,14 @@ class KvTransferAgent(ServeSide, PullSide, Links):
         *,
         pins: PinLookup | None = None,
         release: Release | None = None,
+        claim: Claim | None = None,
     ) -> None:
         config.validate()
         self.config = config
         self.pool = pool
         self.pins = pins
         self.on_release = release
+        self.on_claim = claim
         self.id = uuid.uuid4().hex
         self.server: asyncio.base_events.Server | None = None
         self.address: str | None = None
@@ -52,6 +55,7 @@ class KvTransferAgent(ServeSide, PullSide, Links):
         self._opened: dict[str, torch.Tensor] = {}  # remote agent id -> its pool
         self._copiers: dict[str, PeerCopier | None] = {}
         self._links: dict[str, Link] = {}
+        self._batchers: dict[tuple[str, str], Batcher] = {}
         self._stream = torch.cuda.Stream(pool.device) if pool.is_cuda else None
         self._nixl: nixl.NixlEndpoint | None = None  # made on first use
         local_agents[self.id] = self
@@ -64,6 +68,9 @@ class KvTransferAgent(ServeSide, PullSide, Links):
             with contextlib.suppress(Exception):
                 await self.server.wait_closed()
             self.server = None
+        for batcher in self._batchers.values():
+            batcher.close()
+        self._batchers.clear()
         self._close_links()
         self._copiers.clear()
         self._opened.clear()

@@ -21,6 +21,9 @@ class TransferConfig:
     # Prefill side: seconds a prompt's KV stays pinned waiting for the decode side. Decode
     # side: seconds a pull waits on the prefill server's socket (the pin would be gone).
     timeout: float = 30.0
+    # Decode side: pulls (copies, pin checks, releases) pending on one prefill worker go
+    # together, one launch / round trip for all (coalesced.py); off: one each.
+    coalesce: bool = True
 
     def validate(self) -> None:
         if self.kind not in KINDS:

@@ -102,6 +102,38 @@ def chunks_per_slice(slice_words: int) -> int:
     return triton.cdiv(slice_words, launch_meta(slice_words)["BLOCK"])
 
 
+def _launch(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    pairs: int,
+    src_ids: torch.Tensor,
+    dst_ids: torch.Tensor,
+    count: torch.Tensor,
+    counted: bool,
+) -> tuple[tuple[int, int, int], tuple, dict]:
+    """The grid, arguments and meta-parameters of one `_copy_blocks_kernel` launch over
+    `pairs` block pairs: the pools as int32 words, one program row per pair, one per
+    (layer, k/v) slice, one per chunk of a slice (`count` is read only when `counted`).
+    Shared by both launches so that they can never disagree on the geometry."""
+    words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)
+    slice_words = words_src[0, 0, 0].numel()
+    grid = (pairs, src.shape[0] * 2, chunks_per_slice(slice_words))
+    # (layer, k/v) slices are `stride(1)` apart, a slice's blocks `stride(2)`.
+    args = (
+        words_src,
+        words_dst,
+        src_ids,
+        dst_ids,
+        count,
+        *words_src.stride()[1:3],
+        *words_dst.stride()[1:3],
+    )
+    meta = launch_meta(slice_words) | {"COUNTED": counted}
+    if src_ids.is_cuda:  # not in Triton's interpreter (tests on the CPU)
+        meta["num_warps"] = 8
+    return grid, args, meta
+
+
 _peer_enabled: set[tuple[int, int]] = set()
 
 
@@ -135,20 +167,7 @@ def copy_blocks_kernel(
     if run.type == "cuda":
         enable_peer_access(run, dst.device if run == src.device else src.device)
         ids = ids.pin_memory().to(run, non_blocking=True)  # on run's current stream
-    words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)
-    slice_words = words_src[0, 0, 0].numel()
-    grid = (len(remote), src.shape[0] * 2, chunks_per_slice(slice_words))
-    meta = launch_meta(slice_words) | {"COUNTED": False}
-    # (layer, k/v) slices are `stride(1)` apart, a slice's blocks `stride(2)`.
-    args = (
-        words_src,
-        words_dst,
-        ids[0],
-        ids[1],
-        ids[0],  # count_ptr: unread (COUNTED off)
-        *words_src.stride()[1:3],
-        *words_dst.stride()[1:3],
-    )
+    grid, args, meta = _launch(src, dst, len(remote), ids[0], ids[1], ids[0], counted=False)
     if run.type != "cuda":  # Triton's interpreter (tests on the CPU)
         _copy_blocks_kernel[grid](*args, **meta)
         return
@@ -157,7 +176,7 @@ def copy_blocks_kernel(
     if run != dst.device:
         run_stream.wait_stream(dst_stream)
     with torch.cuda.device(run):
-        _copy_blocks_kernel[grid](*args, **meta, num_warps=8)
+        _copy_blocks_kernel[grid](*args, **meta)
     ids.record_stream(run_stream)
     if run != dst.device:
         dst_stream.wait_stream(run_stream)
@@ -171,19 +190,5 @@ def copy_counted(src: torch.Tensor, dst: torch.Tensor, ids: torch.Tensor, pairs:
     runs on the current device and stream (the caller orders it); on the CPU, in Triton's
     interpreter."""
     cap = (ids.numel() - 1) // 2
-    words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)
-    slice_words = words_src[0, 0, 0].numel()
-    grid = (pairs, src.shape[0] * 2, chunks_per_slice(slice_words))
-    args = (
-        words_src,
-        words_dst,
-        ids[1 : 1 + cap],
-        ids[1 + cap :],
-        ids,
-        *words_src.stride()[1:3],
-        *words_dst.stride()[1:3],
-    )
-    meta = launch_meta(slice_words) | {"COUNTED": True}
-    if ids.is_cuda:
-        meta["num_warps"] = 8
+    grid, args, meta = _launch(src, dst, pairs, ids[1 : 1 + cap], ids[1 + cap :], ids, counted=True)
     _copy_blocks_kernel[grid](*args, **meta)

@@ -30,6 +30,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stator.kv.transfer import ipc, nixl, tcp
+from stator.kv.transfer.batching import Batcher, wait_out
+from stator.kv.transfer.coalesced import (
+    LaunchFailed,
+    check_batcher,
+    copy_batcher,
+    release_batcher,
+)
 from stator.kv.transfer.config import TransferConfig
 from stator.kv.transfer.copy import AUTO_GPU_METHOD, copy_blocks
 from stator.kv.transfer.peer import host_id, layout
@@ -51,6 +58,7 @@ class PullTimes:
 
     copy_seconds: float = 0.0
     copy_done: float = 0.0  # when the copy thread finished (for `hop_back`)
+    batched: int = 1  # pulls in this pull's copy batch (coalesced.py)
     phases: dict[str, float] = field(default_factory=dict)
 
 
@@ -61,6 +69,9 @@ class PullSide:
     _copiers: dict[str, PeerCopier | None]  # remote agent id -> its copier (None: none)
     _stream: torch.cuda.Stream | None
     _nixl: nixl.NixlEndpoint | None
+    # ("copy", prefill agent id) / ("check" | "release", prefill server address) -> its
+    # batcher (coalesced.py)
+    _batchers: dict[tuple[str, str], Batcher]
 
     if TYPE_CHECKING:  # the other parts of the agent (serving.py, links.py)
 
@@ -119,16 +130,16 @@ class PullSide:
             raise TransferError(f"{kind} pull failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - started
         copy = times.copy_seconds or seconds
-        return PullResult(kind, moved, len(remote), seconds, copy, times.phases)
+        return PullResult(kind, moved, len(remote), seconds, copy, times.phases, times.batched)
 
     async def _pull_local(self, transfer, pin, remote, local, times: PullTimes) -> int:
         source = local_agents.get(transfer.get("agent", ""))
         if source is None:
             raise TransferError("the prefill agent is not in this process")
-        problem = source._check(pin, remote)
+        problem = source._claim(pin, remote)
         if problem is not None:
             raise TransferError(problem)
-        return await asyncio.to_thread(self._copy_from, source.pool, remote, local, times)
+        return await run_out(self._copy_from, source.pool, remote, local, times)
 
     def _copy_method(self) -> str:
         return AUTO_GPU_METHOD if self.config.copy == "auto" else self.config.copy
@@ -164,7 +175,7 @@ class PullSide:
                 moved = await self._copy_by(agent, copier, src, remote, local, times)
             if moved is None:
                 called = time.perf_counter()
-                moved = await asyncio.to_thread(self._copy_from, src, remote, local, times, called)
+                moved = await run_out(self._copy_from, src, remote, local, times, called)
                 times.phases["hop_back"] = time.perf_counter() - times.copy_done
         finally:
             returned = time.perf_counter()
@@ -176,22 +187,24 @@ class PullSide:
     async def _copy_by(
         self, agent: str, copier: PeerCopier, src, remote, local, times: PullTimes
     ) -> int | None:
-        """Enqueue on this (the event loop's) thread, wait in a worker thread. None: the
-        launch failed (then copy_blocks copies, for this pull and every later one)."""
+        """Through the pool's copy batcher: enqueued on this (the event loop's) thread with
+        the other pulls pending, waited for in a worker thread. None: the launch failed
+        (then copy_blocks copies, for this pull and every later one)."""
+        key = ("copy", agent)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            batcher = self._batchers[key] = copy_batcher(copier, self.config.coalesce)
         started = time.perf_counter()
         try:
-            begin, done = copier.launch(remote, local)
-        except Exception as exc:
-            log.warning("KV peer copier failed (%s); copying by copy_blocks", exc)
+            phases, batch = await batcher.submit((remote, local))
+        except LaunchFailed as exc:
+            log.warning("KV peer copier failed (%s); copying by copy_blocks", exc.__cause__)
             self._copiers[agent] = None
+            self._batchers.pop(key, None)
             return None
-        launched = time.perf_counter()
-        await asyncio.to_thread(done.synchronize)
-        waited = time.perf_counter()
-        times.phases["launch"] = launched - started
-        times.phases["wait"] = waited - launched
-        times.phases["device"] = begin.elapsed_time(done) / 1e3
-        times.copy_seconds += waited - started
+        times.phases.update(phases)
+        times.batched = batch.size
+        times.copy_seconds += time.perf_counter() - started
         return len(remote) * src[:, :, 0].numel() * src.element_size()
 
     def _copy_from(
@@ -235,7 +248,7 @@ class PullSide:
         started = time.perf_counter()
         try:
             try:
-                moved = await asyncio.to_thread(
+                moved = await run_out(
                     endpoint.read, peer, int(info["blocks"]), remote, local, self.config.timeout
                 )
             finally:
@@ -260,11 +273,17 @@ class PullSide:
         return moved
 
     async def _checked(self, transfer: dict[str, Any], pin: str, remote: list[int]) -> dict:
-        """The pin check, given up after `timeout` seconds (a prefill worker that hangs
-        must not hold the pull, and the decode side's blocks, for good; past that long
-        the pin would have expired anyway)."""
-        message = {"op": "acquire", "pin": pin, "blocks": remote}
-        return await asyncio.wait_for(self._request(transfer, message), self.config.timeout)
+        """The pin check, with the other checks pending on that server in one round trip,
+        given up after `timeout` seconds (a prefill worker that hangs must not hold the
+        pull, and the decode side's blocks, for good; past that long the pin would have
+        expired anyway)."""
+        key = ("check", str(transfer.get("address")))
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            batcher = check_batcher(self._request, self.config.timeout, self.config.coalesce)
+            self._batchers[key] = batcher
+        answer, _ = await batcher.submit((transfer, pin, remote))
+        return answer
 
     async def release(self, transfer: dict[str, Any], pin: str) -> None:
         """Tell the prefill side it may unpin (best effort: its timeout is the backstop)."""
@@ -273,6 +292,21 @@ class PullSide:
             if source is not None and source.on_release is not None:
                 await source.on_release(pin)
                 return
-            await asyncio.wait_for(self._request(transfer, {"op": "release", "pin": pin}), 5.0)
+            key = ("release", str(transfer.get("address")))
+            batcher = self._batchers.get(key)
+            if batcher is None:
+                batcher = self._batchers[key] = release_batcher(self._request, self.config.coalesce)
+            await batcher.submit((transfer, pin))
         except Exception as exc:
             log.debug("KV release of %s failed: %s", pin, exc)
+
+
+async def run_out(fn, *args):
+    """`fn(*args)` in a worker thread. A cancel waits for it to end before it raises:
+    the copy writes this pool and reads the prefill pool, whose pin must outlast it."""
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await wait_out(future)
+        raise

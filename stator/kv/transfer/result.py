@@ -20,3 +20,4 @@ class PullResult:
     # time enqueuing the copy), `device` (GPU time from the first enqueued work to the
     # copy's end), `hop_back` to the event loop, `check_wait` for the pin check after it.
     phases: dict[str, float] = field(default_factory=dict)
+    batched: int = 1  # pulls whose copies went in one launch with this one's

@@ -26,6 +26,9 @@ log = logging.getLogger("stator.kv.transfer.agent")
 # Pin id -> the block ids pinned under it (None: nothing pinned).
 PinLookup = Callable[[str], "list[int] | None"]
 Release = Callable[[str], Awaitable[bool]]
+# A decode agent checked the pin before reading its blocks: only that agent may unpin it
+# now (`release_kv(..., unless_claimed=True)` leaves it pinned), after its copy ended.
+Claim = Callable[[str], None]
 # An extra operation of the server: the message in, the answer out.
 Operation = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -36,6 +39,7 @@ class ServeSide:
     id: str
     pins: PinLookup | None
     on_release: Release | None
+    on_claim: Claim | None
     ops: dict[str, Operation]
     server: asyncio.base_events.Server | None
     address: str | None
@@ -91,14 +95,26 @@ class ServeSide:
                     await wire.send(writer, await self.ops[op](message))
                     continue
                 if op == "release":
-                    released = self.on_release is not None and await self.on_release(pin)
-                    await wire.send(writer, {"ok": True, "released": released})
+                    # `pins`: a decode agent's releases pending together (coalesced.py).
+                    pins = [str(p) for p in message.get("pins") or [pin]]
+                    released = [
+                        self.on_release is not None and await self.on_release(p) for p in pins
+                    ]
+                    answer = released if "pins" in message else released[0]
+                    await wire.send(writer, {"ok": True, "released": answer})
+                    continue
+                if op == "acquire" and "pins" in message:  # checks pending together
+                    problems = [
+                        self._claim(str(p), [int(b) for b in blocks])
+                        for p, blocks in message["pins"]
+                    ]
+                    await wire.send(writer, {"ok": True, "problems": problems})
                     continue
                 if op == "nixl":  # a decode agent's first NIXL pull from here
                     await wire.send(writer, await self._nixl_metadata())
                     continue
                 blocks = [int(b) for b in message.get("blocks", [])]
-                problem = self._check(pin, blocks)
+                problem = self._claim(pin, blocks)
                 if problem is not None:
                     await wire.send(writer, {"ok": False, "error": problem})
                 elif op == "acquire":
@@ -115,6 +131,13 @@ class ServeSide:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _claim(self, pin: str, blocks: list[int]) -> str | None:
+        """`_check`, and when the blocks are pinned, mark the pin as this reader's."""
+        problem = self._check(pin, blocks)
+        if problem is None and self.on_claim is not None:
+            self.on_claim(pin)
+        return problem
 
     def _check(self, pin: str, blocks: list[int]) -> str | None:
         if self.pins is None:

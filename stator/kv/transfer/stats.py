@@ -23,6 +23,9 @@ class TransferStats:
     # Time with at least one pull in flight: bytes / busy seconds is the rate a decode
     # worker sees when pulls overlap (a burst of prompts prefilled together).
     busy_seconds: float = 0.0
+    # Copy launches the pulls went in (a pull coalesced with 3 others counts 1/4): pulls
+    # per batch = transfers / copy_batches.
+    copy_batches: float = 0.0
     in_flight: int = 0
     _busy_since: float = 0.0
 
@@ -43,6 +46,7 @@ class TransferStats:
         self.seconds += result.seconds
         self.copy_seconds += result.copy_seconds
         self.by_kind[result.kind] = self.by_kind.get(result.kind, 0) + 1
+        self.copy_batches += 1 / max(1, result.batched)
         for name, seconds in result.phases.items():
             self.phases[name] = self.phases.get(name, 0.0) + seconds
         if result.seconds > 0:
@@ -56,6 +60,7 @@ class TransferStats:
             "kv_transfer_seconds_total": self.seconds,
             "kv_transfer_copy_seconds_total": self.copy_seconds,
             "kv_transfer_busy_seconds_total": self.busy_seconds,
+            "kv_transfer_copy_batches_total": self.copy_batches,
             "kv_transfer_fallbacks_total": self.fallbacks,
             "kv_transfer_last_gbps": self.last_gbps,
         }

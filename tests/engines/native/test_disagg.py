@@ -4,6 +4,7 @@ the prompt's KV (local, TCP and NIXL transports) and continues exactly as one en
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -214,3 +215,111 @@ async def test_a_cancel_racing_the_admission_aborts_the_request(engines):
             break
         await asyncio.sleep(0.02)
     assert not agg.core.seqs and used(agg) == 0  # not decoded to its 400th token first
+
+
+async def test_a_claimed_pin_is_released_early_only_by_its_reader(engines):
+    """The router's release after the hand-over (`unless_claimed`) leaves a pin that a
+    decode agent has checked (it may be copying the blocks right now): that agent's own
+    release, after its copy, unpins it. An unclaimed pin goes at once."""
+    prefill = await engines("prefill", "tcp")
+    decode = await engines("decode", "tcp")
+    final = (await collect(prefill, prefill_request(request("c", prompt(8, 40), 4))))[-1]
+    pin, blocks = final.disagg.prefill_request_id, final.disagg.remote_block_ids
+    transfer = {**final.disagg.transfer, "agent": "in another process"}
+    await decode.agent._checked(transfer, pin, blocks)  # the pull's pin check: a claim
+    assert await prefill.release_kv(pin, unless_claimed=True) is False
+    assert used(prefill) == 3
+    await decode.agent.release(transfer, pin)
+    assert used(prefill) == 0 and prefill.core.exports.num_released == 1
+    final = (await collect(prefill, prefill_request(request("d", prompt(9, 40), 4))))[-1]
+    assert await prefill.release_kv(final.disagg.prefill_request_id, unless_claimed=True)
+    assert used(prefill) == 0
+
+
+async def test_a_decode_request_cancelled_before_admission_unpins_at_once(engines):
+    """Cancelled while its admission waits for the step to end (never in the core): the
+    decode side tells the prefill side at once; both pools idle long before the 30 s pin
+    timeout."""
+    prefill = await engines("prefill", "tcp")
+    decode = await engines("decode", "tcp")
+    req = request("r", prompt(10, 60), 50)
+    final = (await collect(prefill, prefill_request(req)))[-1]
+    assert used(prefill) == 4
+    stream = decode.generate(decode_request(req, final, final.disagg))
+    decode._stepping = True  # a step runs: the admission is deferred
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    assert len(decode._deferred) == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    decode._stepping = False
+    decode._run_deferred()  # the step ends: the cancelled admission is skipped
+    await stream.aclose()
+    await until_idle(prefill, decode, 5.0)
+    assert used(prefill) == 0 and used(decode) == 0 and not decode.core.seqs
+    assert prefill.core.exports.num_released == 1 and prefill.core.exports.num_expired == 0
+
+
+async def test_a_pull_cancelled_mid_copy_unpins_only_after_the_copy_ended(engines):
+    """The release of the prefill pin must come after the copy that reads it, even when
+    the pull is cancelled (engine shutdown) while its copy runs in a thread."""
+    prefill = await engines("prefill", "local")
+    decode = await engines("decode", "local")
+    events: list[str] = []
+    copy = decode.agent._copy_from
+    copying = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_copy(*args):
+        loop.call_soon_threadsafe(copying.set)
+        time.sleep(0.4)
+        events.append("copy ended")
+        return copy(*args)
+
+    decode.agent._copy_from = slow_copy
+    release = prefill.agent.on_release
+
+    async def recorded_release(pin: str) -> bool:
+        events.append("released")
+        return await release(pin)
+
+    prefill.agent.on_release = recorded_release
+    req = request("r", prompt(11, 60), 50)
+    final = (await collect(prefill, prefill_request(req)))[-1]
+    stream = decode.generate(decode_request(req, final, final.disagg))
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(copying.wait(), TIMEOUT)
+    for task in list(decode._side_tasks):  # the pull (`_import`), as a shutdown cancels it
+        task.cancel()
+    await until_idle(prefill, decode)
+    assert events == ["copy ended", "released"]
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await stream.aclose()
+    await until_idle(prefill, decode)
+    assert used(prefill) == 0 and used(decode) == 0
+
+
+async def test_a_prefill_request_whose_caller_leaves_as_it_ends_unpins_at_once(engines):
+    """The prefill ends (its KV pinned, the answer queued) as the caller's cancel comes:
+    the answer never reaches the caller, so no decode worker will pull the KV; the prefill
+    engine unpins it at once, not at its 30 s timeout."""
+    prefill = await engines("prefill", "tcp")
+    stream = prefill.generate(prefill_request(request("p", prompt(12, 60), 8)))
+    consumer = asyncio.ensure_future(anext(stream))
+    finish = prefill._finish_stream
+
+    def finish_then_cancel(rid, out):
+        finish(rid, out)  # the answer is queued for the caller...
+        consumer.cancel()  # ...who is cancelled before it reads it
+
+    prefill._finish_stream = finish_then_cancel
+    await asyncio.gather(consumer, return_exceptions=True)
+    assert consumer.cancelled()
+    await stream.aclose()
+    for _ in range(100):
+        if used(prefill) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert used(prefill) == 0 and prefill.core.exports.num_released == 1
+    assert prefill.core.exports.num_expired == 0

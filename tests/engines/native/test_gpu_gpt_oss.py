@@ -191,3 +191,27 @@ def test_expanded_mxfp4_path_matches_the_reference(monkeypatch, tp):
     ours = fused_moe(x, weights, ids, moe).float()
     ref = moe._reference(x, weights, ids).float()
     assert ((ours - ref).norm() / ref.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_start_up_warm_up_compiles_what_serving_meets(checkpoints, dtype):
+    """kernel_warmup.py: after start-up, prefills of many lengths arriving while others
+    decode (mixed steps, chunks, several prompts a step) compile no Triton kernel."""
+    from stator.engines.native import kernel_warmup as kw
+
+    model_dir, _ = checkpoints("gpt_oss")
+    core = core_for(model_dir, device="cuda", dtype=dtype, kv_cache_memory="256MiB",
+                    max_num_batched_tokens=700, max_model_len=512)  # fmt: skip
+    assert kw.enabled(core.runner) and kw.watch_compiles()
+    before = len(kw.compiled)
+    lengths = [1, 2, 5, 16, 17, 33, 100, 130, 257, 300, 450, 499, 7, 64, 3]
+    pending = [greedy_request(f"r{i}", prompt(i, n), 12) for i, n in enumerate(lengths)]
+    done = 0
+    for step in range(10_000):
+        if pending and step % 3 == 0:
+            core.add_request(pending.pop(0))
+        if not core.has_work() and not pending:
+            break
+        done += sum(out.finish_reason is not None for _, out in core.step())
+    assert done == len(lengths)
+    assert kw.compiled[before:] == []

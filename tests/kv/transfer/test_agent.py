@@ -143,3 +143,79 @@ async def test_a_pin_that_runs_out_while_its_blocks_are_read_fails_the_tcp_pull(
     finally:
         await decode.close()
         await prefill.close()
+
+
+async def test_pin_checks_and_releases_pending_together_share_one_round_trip():
+    """What an IPC or NIXL pull asks the prefill server, coalesced: each pin answered and
+    claimed on its own (one bad pin fails only its pull), each release done."""
+    pins = {"p1": [1, 2], "p2": [3], "p3": [4, 5]}
+    claimed: list[str] = []
+    released: list[str] = []
+
+    async def release(pin: str) -> bool:
+        released.append(pin)
+        return pins.pop(pin, None) is not None
+
+    src = torch.randn(pool_shape(2, 8, 4, 2, 8))
+    prefill = KvTransferAgent(
+        TransferConfig(kind="tcp"), src, pins=pins.get, release=release, claim=claimed.append
+    )
+    await prefill.serve()
+    decode = KvTransferAgent(TransferConfig(kind="tcp"), torch.zeros(pool_shape(2, 8, 4, 2, 8)))
+    sent: list[dict] = []
+    request = decode._request
+
+    async def counted(transfer, message):
+        sent.append(message)
+        return await request(transfer, message)
+
+    decode._request = counted
+    transfer = {**prefill.describe(), "agent": "in another process"}  # releases by wire
+    try:
+        checks = [("p1", [1, 2]), ("p2", [3, 6]), ("gone", [1]), ("p3", [5])]
+        answers = await asyncio.gather(
+            *(decode._checked(transfer, pin, blocks) for pin, blocks in checks),
+            return_exceptions=True,
+        )
+        # The first finds no exchange running and goes alone, the other three wait for it
+        # and go together.
+        assert sent[0] == {"op": "acquire", "pin": "p1", "blocks": [1, 2]}
+        assert len(sent) == 2 and [p for p, _ in sent[1]["pins"]] == ["p2", "gone", "p3"]
+        assert answers[0] == {"ok": True} and answers[3] == {"ok": True}
+        assert isinstance(answers[1], TransferError) and "not pinned" in str(answers[1])
+        assert isinstance(answers[2], TransferError) and "nothing pinned" in str(answers[2])
+        assert claimed == ["p1", "p3"]  # only pins found and whole
+        await asyncio.gather(*(decode.release(transfer, pin) for pin in ("p1", "p2", "p3")))
+        assert sent[2:] == [
+            {"op": "release", "pin": "p1"},
+            {"op": "release", "pins": ["p2", "p3"]},
+        ]
+        assert released == ["p1", "p2", "p3"] and pins == {}
+        # Alone, a check keeps the plain message.
+        with pytest.raises(TransferError, match="nothing pinned"):
+            await decode._checked(transfer, "p1", [1])
+        assert sent[-1] == {"op": "acquire", "pin": "p1", "blocks": [1]}
+    finally:
+        await decode.close()
+        await prefill.close()
+
+
+async def test_uncoalesced_checks_go_one_round_trip_each(pair):
+    prefill, _, _ = pair
+    decode = KvTransferAgent(
+        TransferConfig(kind="tcp", coalesce=False), torch.zeros(pool_shape(2, 8, 4, 2, 8))
+    )
+    sent: list[dict] = []
+    request = decode._request
+
+    async def counted(transfer, message):
+        sent.append(message)
+        return await request(transfer, message)
+
+    decode._request = counted
+    try:
+        transfer = prefill.describe()
+        await asyncio.gather(*(decode._checked(transfer, "p1", [b]) for b in (1, 2, 3)))
+        assert [m.get("blocks") for m in sent] == [[1], [2], [3]]
+    finally:
+        await decode.close()

@@ -162,3 +162,42 @@ def test_peer_copier_copies_exactly_the_named_blocks_for_any_count(graphs):
     torch.cuda.synchronize(dst.device)
     for remote, local in pulls:
         assert torch.equal(dst[:, :, local].cpu(), src[:, :, remote].cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_coalesced_pulls_copy_each_ones_blocks_in_one_launch():
+    import asyncio
+
+    from stator.kv.transfer.coalesced import copy_batcher
+    from stator.kv.transfer.peer_copier import PeerCopier
+
+    second = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
+    src, dst = _pools(400, 300, "cuda:0", second, dim=64)
+    src, dst = src.to(torch.bfloat16), dst.to(torch.bfloat16)
+    copier = PeerCopier(src, dst, torch.cuda.Stream(dst.device))
+    batcher = copy_batcher(copier, enabled=True)
+    rng = random.Random(2)
+    local_ids = rng.sample(range(300), 240)
+    pulls = [(rng.sample(range(400), 40), local_ids[40 * i : 40 * i + 40]) for i in range(6)]
+    results = await asyncio.gather(*(batcher.submit(p) for p in pulls))
+    # The first starts alone at once; the five pending behind it are one launch.
+    assert batcher.batches == 2 and [batch.size for _, batch in results] == [1] + [5] * 5
+    assert all(phases["device"] > 0 for phases, _ in results)
+    torch.cuda.synchronize(dst.device)
+    for remote, local in pulls:
+        assert torch.equal(dst[:, :, local].cpu(), src[:, :, remote].cpu())
+    untouched = sorted(set(range(300)) - set(local_ids))
+    assert not dst[:, :, untouched].any()
+    # A pull cancelled while its batch copies raises only once the copy is over (the
+    # prefill pin is released after that): the copier's stream is idle by then.
+    for _ in range(3):
+        tasks = [asyncio.ensure_future(batcher.submit(p)) for p in pulls]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # both batches are launched (the first alone)
+        tasks[3].cancel()
+        try:
+            await tasks[3]
+        except asyncio.CancelledError:
+            assert copier.stream.query()
+        await asyncio.gather(*tasks[:3], *tasks[4:])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from stator.kv.transfer.result import PullResult
 from stator.kv.transfer.stats import TransferStats
 
 
@@ -23,3 +24,12 @@ def test_busy_time_is_the_union_of_overlapping_pulls():
     stats.end()
     assert stats.busy_seconds - busy < 0.01
     assert stats.gauges()["kv_transfer_busy_seconds_total"] == stats.busy_seconds
+
+
+def test_coalesced_pulls_count_one_copy_batch_between_them():
+    stats = TransferStats()
+    for _ in range(4):
+        stats.record(PullResult("ipc", 100, 1, 0.001, batched=4))
+    stats.record(PullResult("ipc", 100, 1, 0.001))
+    gauges = stats.gauges()
+    assert gauges["kv_transfers_total"] == 5 and gauges["kv_transfer_copy_batches_total"] == 2

@@ -34,7 +34,7 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bt_stride"])  # the table's width varies in mixed steps
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -160,7 +160,10 @@ def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     by_occupancy = max(1, (2 * sms) // max(1, batch * num_kv_heads))
     by_length = max(1, math.ceil(max_seq_len / BLOCK_N))
-    return min(by_occupancy, by_length, 32)
+    # A power of two: NUM_SPLITS is a constexpr, so each value is a compile; eager mixed
+    # steps would otherwise meet any of 1..32 (kernel_warmup.py compiles all six).
+    splits = min(by_occupancy, by_length, 32)
+    return 1 << (splits.bit_length() - 1)
 
 
 def paged_decode_attention(

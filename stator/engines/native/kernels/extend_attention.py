@@ -26,7 +26,13 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-@triton.jit
+# The block table's width and the per-sequence tensors' alignment vary with each mixed
+# step (they are sliced past its decodes): not specialized, so one compile serves them all
+# (the start-up warm-up, kernel_warmup.py, meets each variant once).
+@triton.jit(
+    do_not_specialize=["bt_stride"],
+    do_not_specialize_on_alignment=["block_table_ptr", "cu_query_lens_ptr", "seq_lens_ptr"],
+)
 def _extend_kernel(
     q_ptr,
     k_cache_ptr,

@@ -113,7 +113,9 @@ def _tile_dot(
     return acc
 
 
-@triton.jit
+# num_pairs not specialized (a multiple of 16 or not): one compile per tile bucket, which the
+# start-up warm-up meets (`token_boundaries`, kernel_warmup.py).
+@triton.jit(do_not_specialize=["num_pairs"])
 def _moe_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, inter, hidden, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
@@ -157,7 +159,7 @@ def _moe_up_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _moe_down_kernel(
     h_ptr, w_ptr, s_ptr, b_ptr, route_w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
@@ -245,6 +247,12 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 GEMV_MAX_PAIRS = 32
 
 
+# The down kernel's own (BLOCK_N, BLOCK_K, warps, stages) by the most pairs, per MXFP4 mode
+# ("bytes": bf16 experts too); a mode not here: the up kernel's tile serves both. BLOCK_M is
+# the up kernel's (one sort serves both).
+DOWN_CONFIGS: dict[str, list[tuple[int, tuple[int, int, int, int]]]] = {}
+
+
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
     """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
     return {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
@@ -267,6 +275,33 @@ def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, i
     if block_k < 32:
         raise ValueError(f"fused MoE needs hidden and intermediate sizes of 32s: {hidden}, {inter}")
     return block_m, block_n, block_k, warps, stages
+
+
+def token_boundaries(top_k: int) -> list[int]:
+    """The largest token count of each bucket where the MoE's kernels change (streaming or
+    grouped, MXFP4 mode, tile, expanded): the start-up warm-up runs each and one more."""
+    from stator.engines.native.kernels import moe_dequant
+
+    limits = {GEMV_MAX_PAIRS, *(most for most, _ in MODES)}
+    for table in (CONFIGS, SCALED_CONFIGS, WORD_CONFIGS, *DOWN_CONFIGS.values()):
+        limits.update(most for most, _ in table)
+    if moe_dequant.MIN_PAIRS:
+        limits.add(moe_dequant.MIN_PAIRS - 1)
+    tokens = {most // top_k for most in limits if most < 1 << 40}
+    return sorted(tokens)
+
+
+def _down_config(
+    pairs: int, hidden: int, inter: int, mode: str, up: tuple[int, int, int, int, int]
+) -> tuple[int, int, int, int]:
+    """The down kernel's (BLOCK_N, BLOCK_K, warps, stages) (see DOWN_CONFIGS)."""
+    tile = next((c for n, c in DOWN_CONFIGS.get(mode, []) if pairs <= n), None)
+    if tile is None:
+        return up[1:]
+    block_n, block_k, warps, stages = tile
+    while mode != "words" and (hidden % block_k or inter % block_k) and block_k > 32:
+        block_k //= 2
+    return block_n, block_k, warps, stages
 
 
 def uses_gemv(pairs: int) -> bool:
@@ -313,7 +348,9 @@ def fused_moe(
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = mode == "words"
-    block_m, block_n, block_k, warps, stages = _config(pairs, hidden, inter, mode)
+    up_tile = _config(pairs, hidden, inter, mode)
+    block_m, block_n, block_k, warps, stages = up_tile
+    down_n, down_k, down_warps, down_stages = _down_config(pairs, hidden, inter, mode, up_tile)
     sorted_ids, block_expert = align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
     if words:
@@ -344,10 +381,11 @@ def fused_moe(
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
     out = alloc(pairs, hidden, dtype=x.dtype, device=x.device)
-    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
+    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, down_n))](
         act, w2, s2, moe.b2, weights.reshape(-1), out, sorted_ids, block_expert,
         pairs, hidden, inter, *strides2,
-        LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps, num_stages=stages,
+        LOCAL=local, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=down_k,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=down_warps,
+        num_stages=down_stages,
     )  # fmt: skip
     return out.view(tokens, top_k, hidden).sum(1)

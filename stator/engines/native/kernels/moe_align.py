@@ -51,7 +51,7 @@ def align_reference(
     return sorted_ids[:-1], block_expert
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_rows", "num_blocks"])  # one compile
 def _align_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_rows, num_blocks,
     LOCAL: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,

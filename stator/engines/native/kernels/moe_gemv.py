@@ -44,6 +44,7 @@ from stator.engines.native.kernels.moe_half2 import (
 # 2: 61.3, against (4, 8, 4) 70.5, (8, 16, 4) 72.9; the byte-wise kernels before: 110).
 # In the engine's batch-1 step the half2 kernels take up 21.6 us and down 15.4 us a layer
 # (1.6 and 1.2 TB/s): still short of the copy bandwidth. bf16: not swept.
+# "<path>_down", where present, is the down kernel's (else the path's own serves both).
 CONFIG = {"bf16": (8, 256, 4), "mxfp4": (2, 16, 4), "half2": (2, 8, 4)}
 # Packed experts in a half-precision model take the fp16-pair path (moe_half2.py): None =
 # then; True = also in float32 models (tests); False = never.
@@ -240,7 +241,9 @@ def moe_gemv(
     top_k, inter = ids.shape[1], moe.inter
     kp = triton.next_power_of_2(top_k)
     half2 = uses_half2(moe, x.dtype)
-    block_n, block_k, warps = CONFIG["half2" if half2 else "mxfp4" if moe.packed else "bf16"]
+    path = "half2" if half2 else "mxfp4" if moe.packed else "bf16"
+    block_n, block_k, warps = CONFIG[path]
+    down_n, down_k, down_warps = CONFIG.get(f"{path}_down", CONFIG[path])
     inv = x  # unused unless half2
     act_dtype = torch.float16 if half2 else x.dtype
     shift = h_shift(moe.alpha, moe.limit) if half2 else 0
@@ -266,15 +269,14 @@ def moe_gemv(
     flat_ids = ids.reshape(-1).contiguous()
     asm = os.environ.get("TRITON_INTERPRET", "0") != "1"  # the interpreter has no PTX
     meta = dict(HIDDEN=hidden, INTER=inter, TOP_K=top_k, KP=kp, LOCAL=moe.local,
-                BLOCK_N=block_n, BLOCK_K=block_k, PACKED=moe.packed, HALF2=half2, ASM=asm,
-                num_warps=warps)  # fmt: skip
+                PACKED=moe.packed, HALF2=half2, ASM=asm)  # fmt: skip
     _up_kernel[(tokens, triton.cdiv(inter, block_n))](
         a, inv, flat_ids, w13, s13, moe.b13, act, moe.first, *st13, moe.alpha, moe.limit,
-        2.0**shift, **meta,
+        2.0**shift, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **meta,
     )  # fmt: skip
     out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-    _down_kernel[(tokens, triton.cdiv(hidden, block_n))](
+    _down_kernel[(tokens, triton.cdiv(hidden, down_n))](
         act.view(torch.int32) if half2 else act, flat_ids, weights.reshape(-1).contiguous(), w2, s2, moe.b2, out, moe.first, *st2,
-        2.0**-shift, **meta,
+        2.0**-shift, BLOCK_N=down_n, BLOCK_K=down_k, num_warps=down_warps, **meta,
     )  # fmt: skip
     return out

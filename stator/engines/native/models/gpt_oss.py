@@ -91,6 +91,9 @@ class GptOssForCausalLM(nn.Module):
     # the first run may also have paid Triton compiles the second found cached). At that
     # load most mixed steps exceed the 512-token limit and are GPU-bound anyway.
     piecewise_graphs = False
+    # Compile every kernel variant of eager steps at start-up (kernel_warmup.py): the first
+    # serve ran at 0.52x the second with the MoE's buckets compiled on the serving path.
+    kernel_warmup = True
     packed_modules = {
         "q_proj": ("qkv_proj", "q"),
         "k_proj": ("qkv_proj", "k"),
@@ -124,6 +127,12 @@ class GptOssForCausalLM(nn.Module):
 
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers]
+
+    def warmup_token_counts(self) -> list[int]:
+        """Token counts where the MoE's kernels change (kernel_warmup.py)."""
+        from stator.engines.native.kernels.fused_moe import token_boundaries
+
+        return token_boundaries(self.spec.experts_per_token)
 
     def map_checkpoint(self, tensors: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         """Checkpoint expert tensors -> this model's (see the module docstring)."""
