@@ -19,11 +19,15 @@ measured copy bandwidth, with as many steps as the batch cap or the longest outp
 decode tok/s, the decode step at batch 256, and mixed steps in isolation (16 / 64 / 240
 decodes plus one new 128-token prompt each step) with the GPU's busy fraction over them.
 `--engine-variant NAME=JSON` times the engine alone again with other `NativeConfig` fields
-(e.g. eager mixed steps: `{"cudagraph_mode": "full_decode_only"}`).
+(e.g. eager mixed steps: `{"cudagraph_mode": "full_decode_only"}`; admission order:
+`lof={"scheduling_policy": "lof"}` with `--skip-variant-mixed`).
 
     python benchmarks/native_gpu_http_vs_engine.py [--num-requests 1000] \\
         [--variant "default=" --variant "api2=--api-server-count 2"] \\
         [--engine-variant 'eager_mixed={"cudagraph_mode": "full_decode_only"}']
+    python benchmarks/native_gpu_http_vs_engine.py --http-profiles sharegpt \\
+        --engine-variant 'lof={"scheduling_policy": "lof"}' --skip-variant-mixed \\
+        --variant "default=" --variant "lof=--scheduling-policy lof"
     python benchmarks/native_gpu_http_vs_engine.py --device cpu --tiny --num-requests 16
 """
 
@@ -191,11 +195,11 @@ def engine_alone_main(args: argparse.Namespace) -> None:
 
     res: dict = {}
     mixed_steps(16, 128, 5)  # warm-up: the first steps of a shape compile kernels
-    for decodes in (16, 64, 240):  # 240 + 1: under the batch cap
+    for decodes in () if args.no_mixed else (16, 64, 240):  # 240 + 1: under the batch cap
         r = mixed_steps(decodes, 128, 30, profile=args.device == "cuda")
         res[f"mixed_step_ms_{decodes}_plus_128"] = r.pop("ms")
         res[f"gpu_busy_{decodes}_plus_128"] = r
-    if args.device == "cuda":
+    if args.device == "cuda" and not args.no_mixed:
         # Mixed steps at the batch cap (496 and 840 tokens: pieces by default, eager with
         # full_decode_only or a lower --piecewise-max-tokens), and where the host's time
         # goes in each.
@@ -259,6 +263,7 @@ def engine_alone(
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--closed-loop"] if args.closed_loop else []
     cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
+    cmd += ["--no-mixed"] if profiles_only and args.skip_variant_mixed else []
     with log.open("wb") as handle:
         subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False, cwd=REPO)
     text = log.read_text(errors="replace")
@@ -299,10 +304,23 @@ def main() -> None:
         choices=list(PROFILES),
         help="the profiles the engine alone and its variants run (default: --profiles)",
     )
+    ap.add_argument(
+        "--skip-variant-mixed",
+        action="store_true",
+        help="engine variants time only the profiles, not the mixed steps (e.g. admission "
+        "order variants: the steps are the same)",
+    )
+    ap.add_argument(
+        "--http-profiles",
+        nargs="+",
+        choices=list(PROFILES),
+        help="the profiles each HTTP variant serves (default: --profiles)",
+    )
     ap.add_argument("--skip-http", action="store_true", help="the engine alone only")
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-mixed", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.engine_alone:
@@ -333,7 +351,7 @@ def main() -> None:
         extra = shlex.split(flags)
         proc, url = start_server(args.device, args.tiny, mdir, extra, out / f"server_{name}.log")
         try:
-            for profile in args.profiles:
+            for profile in args.http_profiles or args.profiles:
                 r = http_bench(url, workload(args, profile), proc.pid, tmp)
                 res["http"].setdefault(name, {})[profile] = r
                 print(f"http {name} {profile}:", json.dumps(r), flush=True)

@@ -112,9 +112,10 @@ def floor(lengths: list[tuple[int, int]], cfg: dict, rates: dict, max_seqs: int)
     memory traffic (decodes riding along a prompt's chunk cost almost nothing), so a step
     costs at least the larger of the two, not their sum. `roofline` is the bound on that
     weaker model, max(all FLOPs, prompt and decode, at the matmul rate; all bytes at the
-    copy rate) with the same S: lower, and a bound no schedule can beat on any device of
-    those rates. The issue states its goal on the additive floor. `old` is the floor as it
-    was (S = ceil(sum / max_seqs)), so earlier ratios stay comparable."""
+    copy rate) with the same S: lower, and a bound no schedule can beat on a device that
+    computes and moves bytes no faster than the measured rates. The issue states its goal
+    on the additive floor. `old` is the floor as it was (S = ceil(sum / max_seqs)), so
+    earlier ratios stay comparable."""
     shape = _shape(cfg)
     prefill_flops = decode_flops = kv_read = 0.0
     out_tokens = longest = 0

@@ -128,6 +128,17 @@ def add_flags(
                 default = convert(env[var])
             except ValueError as exc:
                 raise SystemExit(f"invalid value for {var}: {exc}") from exc
+            choices = f.metadata.get("choices")
+            if (
+                choices
+                and default is not None
+                and not isinstance(default, list)
+                and default not in choices
+            ):
+                # argparse checks a flag's value against its choices, never a default's.
+                raise SystemExit(
+                    f"invalid value for {var}: {env[var]!r} (choose from {', '.join(choices)})"
+                )
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         if f.metadata.get("secret") and default:
             shown = "(set)"

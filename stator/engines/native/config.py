@@ -61,6 +61,15 @@ class NativeConfig:
         "step; 0 = auto: 4 on CUDA (H100, c=256: +3-6% output tok/s, per-token ITL p50 "
         "0.88x, TTFT p50 +40-90 ms), 1 on the CPU",
     )
+    scheduling_policy: str = option(
+        "fcfs",
+        "Order waiting requests are admitted in (vLLM's flag; vLLM's other value is priority): "
+        "fcfs = first come first served; lof = longest output (max_tokens) first, SGLang's "
+        "--schedule-policy lof: with a backlog the long outputs start early instead of "
+        "finishing alone at small batches; a request is passed by at most --max-num-seqs "
+        "later arrivals, then goes first",
+        choices=["fcfs", "lof"],
+    )
     max_model_len: int = option(0, "Context length (0 = the model's max_position_embeddings)")
     enable_prefix_caching: bool = option(True, "Reuse KV blocks of earlier prompts")
     seed: int = option(0, "Seed of the engine's random generator (requests without a seed)")

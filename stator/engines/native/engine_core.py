@@ -33,7 +33,7 @@ from stator.engines.native.overlap import (
 from stator.engines.native.params import resolve_sampling, validate_request
 from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler
-from stator.engines.native.scheduler import ScheduledBatch, Scheduler
+from stator.engines.native.scheduler import ScheduledBatch, Scheduler, check_policy
 from stator.engines.native.spec import SpecDecoder, make_spec_decoder
 from stator.engines.native.tp_runner import make_runner
 from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
@@ -58,6 +58,7 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
         self.spec = ModelSpec.from_dir(model_dir)
         if config.block_size < 1:
             raise ValueError(f"--block-size must be positive, got {config.block_size}")
+        check_policy(config.scheduling_policy)  # before the model loads
         self.max_model_len = config.max_model_len or self.spec.max_position_embeddings
         if config.tensor_parallel_size > 1 and (config.enable_lora or config.enable_prompt_embeds):
             raise ValueError(
@@ -83,6 +84,7 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
             max_loras=config.max_loras if config.enable_lora else 0,
             num_continuous_decode_steps=config.num_continuous_decode_steps
             or (4 if self.runner.device.type == "cuda" else 1),
+            policy=config.scheduling_policy,
         )
         self.sampler = Sampler(self.spec.vocab_size, self.runner.device, config.seed)
         self.guidance = Guidance(

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from stator.engines.native.context import current_lora
-from stator.engines.native.kernels.gemv import MAX_ROWS
 
 ENABLED = os.environ.get("STATOR_FUSED_EPILOGUES", "1") != "0"
 
@@ -55,6 +54,8 @@ def active(x: torch.Tensor) -> bool:
 def _gemv_eligible(linear: nn.Module, x: torch.Tensor) -> bool:
     """Whether the layer's own split-K GEMV config may serve x: a few contiguous rows, no
     LoRA adapter in the step, no all-reduce after (`Linear.forward` runs the rest)."""
+    from stator.engines.native.kernels.gemv import MAX_ROWS  # Triton: CUDA steps only
+
     tp = getattr(linear, "tp", None)
     return (
         bool(getattr(linear, "epilogue", ""))

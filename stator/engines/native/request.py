@@ -66,6 +66,7 @@ class Sequence:
     num_cached_tokens: int | None = None  # prefix-cache hit at first admission
     loading: bool = False  # blocks being copied in from a lower tier: compute next step
     queued_at_step: int = 0  # the scheduler's step count when it last joined the queue
+    overtaken: int = 0  # later arrivals admitted before it since then (--scheduling-policy lof)
     generator: torch.Generator | None = None  # per-request RNG (seeded requests)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None

@@ -14,15 +14,44 @@ steps, at the price of a larger step now and then and a later first token. Promp
 waiting by the budget, `max_num_seqs` or memory (a backlog, not a gap in arrivals) are
 admitted as before, every step, and so is any prompt while nothing decodes (an idle
 engine, a prefill worker's chunked prompts).
+
+Admission order (`--scheduling-policy`): `fcfs` admits the oldest waiting sequence first.
+`lof` (longest output first, SGLang's `--schedule-policy lof`) admits the one with the
+largest `max_tokens` first, ties by arrival: with a backlog, the long outputs start early
+and the short ones fill the batch behind them, instead of long ones admitted last
+finishing alone at small batches (an H100 run of 1,000 ShareGPT-like requests spent 11.5
+of 25.7 s so, at a mean batch of 46). It needs a backlog to help: at concurrency below
+`max_num_seqs` nothing waits and the order is moot. It never starves: a sequence is
+overtaken by at most `max_overtakes` (default `max_num_seqs`, one batch) sequences that
+arrived after it; then it goes first. Sequences that arrived together (an offline batch)
+are ordered by length alone; under a steady stream of long requests a short one waits for
+what was queued before it plus at most one batch of later arrivals. The oldest waiting
+sequence is always the most overtaken (whatever passed a younger one passed it too), so
+only it needs checking. Sequences that already hold something go first in either policy:
+one preempted after its first token (its output so far is recomputed) or one whose prompt
+KV was pulled from a prefill worker (it holds its blocks).
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 
 from stator.engines.native.block_manager import BlockManager
 from stator.engines.native.request import Sequence, Status
+
+POLICIES = ("fcfs", "lof")
+_max_tokens = operator.attrgetter("sampling.max_tokens")
+
+
+def check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise ValueError(
+            f"--scheduling-policy (env STATOR_SCHEDULING_POLICY) must be one of "
+            f"{', '.join(POLICIES)}, got {policy!r}"
+        )
 
 
 @dataclass
@@ -49,6 +78,8 @@ class Scheduler:
         max_prefill_chunk: int = 0,
         max_loras: int = 0,
         num_continuous_decode_steps: int = 1,
+        policy: str = "fcfs",
+        max_overtakes: int = 0,
     ) -> None:
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
@@ -57,7 +88,11 @@ class Scheduler:
                 "--num-continuous-decode-steps must be 1 or more (0: auto), got "
                 f"{num_continuous_decode_steps}"
             )
+        check_policy(policy)
         self.blocks = blocks
+        self.policy = policy
+        # lof: how many later arrivals may pass a waiting sequence (0 = max_num_seqs).
+        self.max_overtakes = max_overtakes or max_num_seqs
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_prefill_chunk = max_prefill_chunk
@@ -73,6 +108,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
         seq.queued_at_step = self.num_steps
+        seq.overtaken = 0
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -130,7 +166,8 @@ class Scheduler:
             return batch
         adapters = self._running_adapters()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            index = self._next_waiting()
+            seq = self.waiting[index]
             if seq.lora is not None and adapters is not None and id(seq.lora) not in adapters:
                 if len(adapters) >= self.max_loras:
                     break  # every slot is taken by running adapters: wait for one to end
@@ -141,7 +178,7 @@ class Scheduler:
             admitted = self.blocks.grow(seq, n) if seq.block_ids else self.blocks.admit(seq, n)
             if not admitted:
                 break
-            self.waiting.popleft()
+            self._take_waiting(index)
             seq.status = Status.RUNNING
             self.running.append(seq)
             if seq.loading:
@@ -156,6 +193,30 @@ class Scheduler:
             budget -= n
         self._backlog = bool(self.waiting)
         return batch
+
+    def _next_waiting(self) -> int:
+        """Index in `waiting` of the sequence to admit next (see the module on `lof`)."""
+        head = self.waiting[0]
+        if (
+            self.policy == "fcfs"
+            or head.overtaken >= self.max_overtakes
+            or head.block_ids
+            or head.num_tokens > head.num_prompt_tokens  # preempted: recompute it first
+        ):
+            return 0
+        # max() keeps the first of equals: ties go to the earliest arrival.
+        return self.waiting.index(max(self.waiting, key=_max_tokens))
+
+    def _take_waiting(self, index: int) -> None:
+        if index == 0:
+            self.waiting.popleft()
+            return
+        taken = self.waiting[index]
+        for passed in itertools.islice(self.waiting, index):
+            # Only a later arrival (a later step) overtakes: a batch that arrived together
+            # is ordered by length alone.
+            passed.overtaken += passed.queued_at_step < taken.queued_at_step
+        del self.waiting[index]
 
     def _admitting(self) -> bool:
         """Whether this step may admit waiting sequences: once the oldest has sat out N - 1
