@@ -31,38 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from native_gpu import drain, request  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
 from stator_http import BUNDLED  # noqa: E402
-
-
-def kernel_profile(run, steps: int) -> dict:
-    """Kernels per step, GPU ms per step by kernel name and the busy fraction of `run`."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
-        if b > end:
-            busy += b - max(a, end)
-            end = b
-    per_name: dict[str, list[float]] = {}
-    for e in kernels:
-        per_name.setdefault(e.name[:70], []).append(e.time_range.elapsed_us())
-    by_time = sorted(per_name.items(), key=lambda kv: -sum(kv[1]))
-    return {
-        "kernels_per_step": len(kernels) / steps,
-        "gpu_ms_per_step": sum(sum(v) for v in per_name.values()) / steps / 1e3,
-        "span_ms_per_step": (spans[-1][1] - spans[0][0]) / steps / 1e3,
-        "busy": busy / (spans[-1][1] - spans[0][0]),
-        "by_kernel": {
-            name: {"n": len(v) / steps, "ms": round(sum(v) / steps / 1e3, 4)} for name, v in by_time
-        },
-    }
+from step_profile import kernel_profile  # noqa: E402
 
 
 def gemv_sweep(shapes: dict) -> dict:
@@ -114,7 +86,7 @@ def main() -> None:
     from stator.engines.native.config import NativeConfig
     from stator.engines.native.engine_core import EngineCore
     from stator.engines.native.kernels import pdl
-    from stator.protocols import EngineRequest, SamplingOptions, StopConditions
+    from stator.protocols import EngineRequest
 
     cuda = args.device == "cuda"
     mdir = BUNDLED if args.tiny else make_8b_dir(Path(tempfile.mkdtemp()))
@@ -151,21 +123,7 @@ def main() -> None:
         print("SWEEP " + json.dumps(gemv_sweep(shapes)), flush=True)
 
     def req(rid: str, isl: int, osl: int) -> EngineRequest:
-        return EngineRequest(
-            request_id=rid,
-            model="m",
-            token_ids=[rng.randrange(10, vocab) for _ in range(isl)],
-            sampling=SamplingOptions(temperature=0.0),
-            stop=StopConditions(max_tokens=osl, ignore_eos=True),
-        )
-
-    def drain() -> dict[str, list[float]]:
-        times: dict[str, list[float]] = {}
-        while core.has_work():
-            for rid, out in core.step():
-                if out.token_ids:
-                    times.setdefault(rid, []).append(time.perf_counter())
-        return times
+        return request(rid, [rng.randrange(10, vocab) for _ in range(isl)], osl)
 
     def sync() -> None:
         if cuda:
@@ -181,7 +139,7 @@ def main() -> None:
         tok_s = []
         for trial in range(2):  # the first also warms
             core.add_request(req(f"b1-{i}-{trial}", 32, args.b1_tokens))
-            t = drain()[f"b1-{i}-{trial}"]
+            t = drain(core)[f"b1-{i}-{trial}"]
             tok_s.append((len(t) - 1) / (t[-1] - t[0]))
         res["b1_tok_s"] = tok_s[-1]
         res["b1_tok_s_first"] = tok_s[0]
@@ -190,7 +148,7 @@ def main() -> None:
             for _ in range(4):
                 core.step()
             res["b1_kernels"] = kernel_profile(lambda: [core.step() for _ in range(32)], 32)
-            drain()
+            drain(core)
         isl = 40 if args.tiny else 600
         for j in range(256):
             core.add_request(req(f"s{i}-{j}", isl, 40))
@@ -204,7 +162,7 @@ def main() -> None:
             core.step()
         sync()
         res["step_ms_at_256"] = 1e3 * (time.perf_counter() - start) / n
-        drain()
+        drain(core)
         print("ROUND " + json.dumps(res), flush=True)
         rounds.append(res)
 

@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_vs_engine_table import print_table  # noqa: E402
+from native_gpu import drain, request  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
 from stator_http import BUNDLED, CONCURRENCY, http_bench, start_server  # noqa: E402
@@ -83,7 +84,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
 
     from stator.engines.native.config import NativeConfig
     from stator.engines.native.engine_core import EngineCore
-    from stator.protocols import EngineRequest, SamplingOptions, StopConditions
+    from stator.protocols import EngineRequest
 
     root = Path(tempfile.mkdtemp())
     mdir = model_dir(root, args.tiny)
@@ -99,23 +100,9 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     rng = random.Random(7)
 
     def req(rid: str, isl: int, osl: int) -> EngineRequest:
-        return EngineRequest(
-            request_id=rid,
-            model="m",
-            token_ids=[rng.randrange(10, vocab) for _ in range(isl)],
-            sampling=SamplingOptions(temperature=0.0),
-            stop=StopConditions(max_tokens=osl, ignore_eos=True),
-        )
+        return request(rid, [rng.randrange(10, vocab) for _ in range(isl)], osl)
 
     steps = StepProfile(core)
-
-    def drain(step=core.step) -> dict[str, list[float]]:
-        times: dict[str, list[float]] = {}
-        while core.has_work():
-            for rid, out in step():
-                if out.token_ids:
-                    times.setdefault(rid, []).append(time.perf_counter())
-        return times
 
     def closed_loop(reqs: list[EngineRequest]) -> dict[str, list[float]]:
         times: dict[str, list[float]] = {}
@@ -151,7 +138,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         for i, (isl, osl) in enumerate(workload(args, name)):
             core.add_request(req(f"{name}-{i}", isl, osl))
         steps.records = []
-        out = timed(lambda: drain(steps.step))
+        out = timed(lambda: drain(core, steps.step))
         out["steps"] = steps.summary()
         return out
 
@@ -190,7 +177,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
                 out["host"] = host_profile(lambda: run(n))
             except Exception as exc:
                 out["host_error"] = repr(exc)
-        drain()
+        drain(core)
         return out
 
     res: dict = {}
@@ -215,14 +202,14 @@ def engine_alone_main(args: argparse.Namespace) -> None:
         return
     for trial in range(2):  # the second: the first compiles and warms
         core.add_request(req(f"b1-{trial}", 32, 256))
-        t = drain()[f"b1-{trial}"]
+        t = drain(core)[f"b1-{trial}"]
     res["b1_decode_tok_s"] = (len(t) - 1) / (t[-1] - t[0])
     if args.device == "cuda":  # the kernels of 64 batch-1 decode steps
         core.add_request(req("b1-kernels", 32, 70))
         for _ in range(4):
             core.step()
         res["b1_kernels"] = gpu_busy(lambda: [core.step() for _ in range(64)])
-        drain()
+        drain(core)
     # The decode step at the batch cap, contexts ~ the heavy profile's prompts.
     for i in range(CONCURRENCY):
         core.add_request(req(f"s{i}", 600, 40))
@@ -238,7 +225,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     res["step_ms_at_256"] = 1e3 * (time.perf_counter() - start) / n
     if args.device == "cuda":
         res["step_256_kernels"] = gpu_busy(lambda: [core.step() for _ in range(8)])
-    drain()
+    drain(core)
     for name in args.profiles:
         lengths = workload(args, name)
         res[name] = profiled_run(name)

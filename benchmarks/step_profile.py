@@ -128,9 +128,9 @@ def busiest_threads(before: dict[str, float], after: dict[str, float], secs: flo
     return {k: round(100 * v / max(secs, 1e-9)) for k, v in top}
 
 
-def gpu_busy(run) -> dict:
-    """The fraction of `run`'s span during which some kernel ran (torch.profiler): below 1,
-    the GPU waited for the host; and the kernels that took the most GPU time."""
+def _kernel_trace(run) -> tuple[list, float, float]:
+    """The CUDA kernels torch.profiler saw over `run`, the span from the first kernel's start
+    to the last one's end, and the time within it during which some kernel ran (µs)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -144,14 +144,42 @@ def gpu_busy(run) -> dict:
         if b > end:
             busy += b - max(a, end)
             end = b
-    per_name: dict[str, float] = {}
+    return kernels, spans[-1][1] - spans[0][0], busy
+
+
+def _us_by_name(kernels: list, width: int) -> dict[str, list[float]]:
+    per_name: dict[str, list[float]] = {}
     for e in kernels:
-        per_name[e.name[:60]] = per_name.get(e.name[:60], 0.0) + e.time_range.elapsed_us()
-    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:8]
+        per_name.setdefault(e.name[:width], []).append(e.time_range.elapsed_us())
+    return dict(sorted(per_name.items(), key=lambda kv: -sum(kv[1])))
+
+
+def gpu_busy(run) -> dict:
+    """The fraction of `run`'s span during which some kernel ran (torch.profiler): below 1,
+    the GPU waited for the host; and the kernels that took the most GPU time."""
+    kernels, span, busy = _kernel_trace(run)
+    top = list(_us_by_name(kernels, 60).items())[:8]
     return {
-        "busy": busy / (spans[-1][1] - spans[0][0]),
+        "busy": busy / span,
         "kernels": len(kernels),
-        "top_ms": {name: round(us / 1e3, 2) for name, us in top},
+        "top_ms": {name: round(sum(us) / 1e3, 2) for name, us in top},
+    }
+
+
+def kernel_profile(run, steps: int) -> dict:
+    """Kernels per step, GPU ms per step by kernel name and the busy fraction of `run`
+    (`steps` steps)."""
+    kernels, span, busy = _kernel_trace(run)
+    per_name = _us_by_name(kernels, 70)
+    return {
+        "kernels_per_step": len(kernels) / steps,
+        "gpu_ms_per_step": sum(sum(v) for v in per_name.values()) / steps / 1e3,
+        "span_ms_per_step": span / steps / 1e3,
+        "busy": busy / span,
+        "by_kernel": {
+            name: {"n": len(v) / steps, "ms": round(sum(v) / steps / 1e3, 4)}
+            for name, v in per_name.items()
+        },
     }
 
 
