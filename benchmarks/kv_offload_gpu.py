@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from native_gpu_serve import make_8b_dir, start  # noqa: E402
+from native_gpu_serve import make_8b_dir  # noqa: E402
+from stator_http import launch  # noqa: E402
 
 from stator.kv.block_copy import BlockMover, block_shape, pool_shape  # noqa: E402
 
@@ -160,7 +161,7 @@ def serve(model_dir: Path, root: Path, tiers: bool, args: argparse.Namespace) ->
         flags += ["--kv-offloading-size", str(args.host_gb)]
     name = "tiers" if tiers else "gpu_only"
     log = root / f"{name}.log"
-    proc, url = start(flags, log)
+    proc, url = launch(flags, log, timeout=600)
     try:
         with urllib.request.urlopen(f"{url}/v1/models") as resp:
             model = json.loads(resp.read())["data"][0]["id"]
