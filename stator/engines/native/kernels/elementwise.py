@@ -68,6 +68,27 @@ def rms_norm(
 
 
 @triton.jit
+def rope_table(cos_ptr, sin_ptr, pos, table_stride, HALF: tl.constexpr):
+    """cos and sin at position `pos` for a head's two halves (float32 tables [P, 2 * HALF]):
+    (cos1, sin1, cos2, sin2), each [HALF]."""
+    d = tl.arange(0, HALF)
+    row = pos * table_stride
+    cos1 = tl.load(cos_ptr + row + d)
+    sin1 = tl.load(sin_ptr + row + d)
+    cos2 = tl.load(cos_ptr + row + HALF + d)
+    sin2 = tl.load(sin_ptr + row + HALF + d)
+    return cos1, sin1, cos2, sin2
+
+
+@triton.jit
+def rotate_half(x1, x2, cos1, sin1, cos2, sin2):
+    """Rotate half, float32 [H, HALF] halves: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
+    y1 = x1 * cos1[None, :] - x2 * sin1[None, :]
+    y2 = x2 * cos2[None, :] + x1 * sin2[None, :]
+    return y1, y2
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -85,10 +106,7 @@ def _rope_kernel(
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF)
-    cos1 = tl.load(cos_ptr + pos * table_stride + d)
-    sin1 = tl.load(sin_ptr + pos * table_stride + d)
-    cos2 = tl.load(cos_ptr + pos * table_stride + HALF + d)
-    sin2 = tl.load(sin_ptr + pos * table_stride + HALF + d)
+    cos1, sin1, cos2, sin2 = rope_table(cos_ptr, sin_ptr, pos, table_stride, HALF)
     heads = tl.arange(0, HEADS_PAD)
     for which in tl.static_range(2):
         if which == 0:
@@ -100,9 +118,7 @@ def _rope_kernel(
         lo_ptr = base + heads[:, None] * (2 * HALF) + d[None, :]
         x1 = tl.load(lo_ptr, mask=hmask[:, None], other=0.0).to(tl.float32)
         x2 = tl.load(lo_ptr + HALF, mask=hmask[:, None], other=0.0).to(tl.float32)
-        # Rotate half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
-        y1 = x1 * cos1[None, :] - x2 * sin1[None, :]
-        y2 = x2 * cos2[None, :] + x1 * sin2[None, :]
+        y1, y2 = rotate_half(x1, x2, cos1, sin1, cos2, sin2)
         tl.store(lo_ptr, y1.to(q_ptr.dtype.element_ty), mask=hmask[:, None])
         tl.store(lo_ptr + HALF, y2.to(q_ptr.dtype.element_ty), mask=hmask[:, None])
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from stator.engines.native.kernels import pdl
+from stator.engines.native.kernels.elementwise import rope_table, rotate_half
 from stator.engines.native.kernels.pdl import pdl_sync
 
 
@@ -67,10 +68,7 @@ def _qkv_rope_store_kernel(
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     d = tl.arange(0, HALF)
-    cos1 = tl.load(cos_ptr + pos * table_stride + d)
-    sin1 = tl.load(sin_ptr + pos * table_stride + d)
-    cos2 = tl.load(cos_ptr + pos * table_stride + HALF + d)
-    sin2 = tl.load(sin_ptr + pos * table_stride + HALF + d)
+    cos1, sin1, cos2, sin2 = rope_table(cos_ptr, sin_ptr, pos, table_stride, HALF)
     heads = tl.arange(0, HEADS_PAD)
     kv_width = NUM_KV_HEADS * 2 * HALF
     for which in tl.static_range(3):  # q, k, v
@@ -89,11 +87,10 @@ def _qkv_rope_store_kernel(
                      SPLITS, HAS_BIAS, dtype)  # fmt: skip
         x2 = _summed(parts_ptr, bias_ptr, t * parts_row + lo + HALF, lo + HALF, mask,
                      split_stride, SPLITS, HAS_BIAS, dtype)  # fmt: skip
-        if which < 2:  # rotate half: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]
-            f1 = x1.to(tl.float32)
-            f2 = x2.to(tl.float32)
-            x1 = (f1 * cos1[None, :] - f2 * sin1[None, :]).to(dtype)
-            x2 = (f2 * cos2[None, :] + f1 * sin2[None, :]).to(dtype)
+        if which < 2:  # RoPE on q and k
+            y1, y2 = rotate_half(x1.to(tl.float32), x2.to(tl.float32), cos1, sin1, cos2, sin2)
+            x1 = y1.to(dtype)
+            x2 = y2.to(dtype)
         tl.store(qkv_ptr + t * width + lo, x1, mask=mask)
         tl.store(qkv_ptr + t * width + lo + HALF, x2, mask=mask)
         # The cache rows of k and v; slot -1 (a padded row) stores nothing.
