@@ -66,18 +66,12 @@ def check_batcher(request: Request, timeout: float, enabled: bool) -> Batcher:
     """Items: (transfer, pin, blocks) of one prefill server. One pin alone keeps the
     plain `acquire` message; several go as `pins`, answered pin by pin."""
 
-    def start(checks: list[tuple[dict[str, Any], str, list[int]]]):
-        transfer = checks[0][0]
+    def message(checks: list[tuple[dict[str, Any], str, list[int]]]) -> dict[str, Any]:
         if len(checks) == 1:
-            message: dict[str, Any] = {"op": "acquire", "pin": checks[0][1], "blocks": checks[0][2]}
-        else:
-            message = {"op": "acquire", "pins": [[pin, blocks] for _, pin, blocks in checks]}
-        exchange = asyncio.wait_for(request(transfer, message), timeout)
-        return len(checks), asyncio.ensure_future(exchange)
+            return {"op": "acquire", "pin": checks[0][1], "blocks": checks[0][2]}
+        return {"op": "acquire", "pins": [[pin, blocks] for _, pin, blocks in checks]}
 
-    async def finish(started) -> list[Any]:
-        count, exchange = started
-        answer = await exchange
+    def answers(answer: dict, count: int) -> list[Any]:
         if count == 1:
             return [answer]
         problems = answer.get("problems") or []
@@ -85,24 +79,40 @@ def check_batcher(request: Request, timeout: float, enabled: bool) -> Batcher:
             raise TransferError(f"{len(problems)} pin answers for {count} pins")
         return [{"ok": True} if p is None else TransferError(str(p)) for p in problems]
 
-    return Batcher(start, finish, depth=1, enabled=enabled)
+    return _round_trip_batcher(request, timeout, message, answers, enabled)
 
 
 def release_batcher(request: Request, enabled: bool) -> Batcher:
     """Items: (transfer, pin) of one prefill server."""
 
-    def start(releases: list[tuple[dict[str, Any], str]]):
-        transfer = releases[0][0]
+    def message(releases: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
         if len(releases) == 1:
-            message: dict[str, Any] = {"op": "release", "pin": releases[0][1]}
-        else:
-            message = {"op": "release", "pins": [pin for _, pin in releases]}
-        exchange = asyncio.wait_for(request(transfer, message), RELEASE_TIMEOUT_S)
-        return len(releases), asyncio.ensure_future(exchange)
+            return {"op": "release", "pin": releases[0][1]}
+        return {"op": "release", "pins": [pin for _, pin in releases]}
 
-    async def finish(started) -> list[Any]:
-        count, exchange = started
-        answer = await exchange
+    def answers(answer: dict, count: int) -> list[Any]:
         return [answer] * count
+
+    return _round_trip_batcher(request, RELEASE_TIMEOUT_S, message, answers, enabled)
+
+
+def _round_trip_batcher(
+    request: Request,
+    timeout: float,
+    message: Callable[[list], dict[str, Any]],
+    answers: Callable[[dict, int], list[Any]],
+    enabled: bool,
+) -> Batcher:
+    """Items whose first element is the prefill server's transfer parameters: one
+    `message` for the batch, one round trip (given up after `timeout`), then `answers`
+    splits the server's answer into one result per item."""
+
+    def start(items: list) -> tuple[int, asyncio.Future]:
+        exchange = asyncio.wait_for(request(items[0][0], message(items)), timeout)
+        return len(items), asyncio.ensure_future(exchange)
+
+    async def finish(started: tuple[int, asyncio.Future]) -> list[Any]:
+        count, exchange = started
+        return answers(await exchange, count)
 
     return Batcher(start, finish, depth=1, enabled=enabled)

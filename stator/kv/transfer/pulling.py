@@ -24,6 +24,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -191,9 +192,7 @@ class PullSide:
         the other pulls pending, waited for in a worker thread. None: the launch failed
         (then copy_blocks copies, for this pull and every later one)."""
         key = ("copy", agent)
-        batcher = self._batchers.get(key)
-        if batcher is None:
-            batcher = self._batchers[key] = copy_batcher(copier, self.config.coalesce)
+        batcher = self._batcher(key, lambda: copy_batcher(copier, self.config.coalesce))
         started = time.perf_counter()
         try:
             phases, batch = await batcher.submit((remote, local))
@@ -272,16 +271,22 @@ class PullSide:
         times.copy_seconds += time.perf_counter() - started
         return moved
 
+    def _batcher(self, key: tuple[str, str], make: Callable[[], Batcher]) -> Batcher:
+        """The batcher of `key` (made by `make` the first time)."""
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            batcher = self._batchers[key] = make()
+        return batcher
+
     async def _checked(self, transfer: dict[str, Any], pin: str, remote: list[int]) -> dict:
         """The pin check, with the other checks pending on that server in one round trip,
         given up after `timeout` seconds (a prefill worker that hangs must not hold the
         pull, and the decode side's blocks, for good; past that long the pin would have
         expired anyway)."""
-        key = ("check", str(transfer.get("address")))
-        batcher = self._batchers.get(key)
-        if batcher is None:
-            batcher = check_batcher(self._request, self.config.timeout, self.config.coalesce)
-            self._batchers[key] = batcher
+        batcher = self._batcher(
+            ("check", str(transfer.get("address"))),
+            lambda: check_batcher(self._request, self.config.timeout, self.config.coalesce),
+        )
         answer, _ = await batcher.submit((transfer, pin, remote))
         return answer
 
@@ -292,10 +297,10 @@ class PullSide:
             if source is not None and source.on_release is not None:
                 await source.on_release(pin)
                 return
-            key = ("release", str(transfer.get("address")))
-            batcher = self._batchers.get(key)
-            if batcher is None:
-                batcher = self._batchers[key] = release_batcher(self._request, self.config.coalesce)
+            batcher = self._batcher(
+                ("release", str(transfer.get("address"))),
+                lambda: release_batcher(self._request, self.config.coalesce),
+            )
             await batcher.submit((transfer, pin))
         except Exception as exc:
             log.debug("KV release of %s failed: %s", pin, exc)
