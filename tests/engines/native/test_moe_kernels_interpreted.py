@@ -62,7 +62,8 @@ with torch.no_grad():
         ws, is_ = moe.route(xs)
         ref = moe._reference(xs, ws, is_)
         outs = {}
-        for mode in ("words", "bytes", "bits", "bits_swapped", "bits_paired"):  # (tl.dot_scaled: no interpreter support)
+        # (tl.dot_scaled: no interpreter support)
+        for mode in ("words", "bytes", "bits", "bits_swapped", "bits_paired", "bits_joined"):
             fm.MXFP4_GEMM = mode
             outs[mode] = fm.fused_moe(xs, ws, is_, moe, allow_expand=False)
             close(outs[mode], ref, ("gemm", mode) + what)

@@ -27,8 +27,11 @@ from stator.engines.native.kernels.moe_align import align
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
 from stator.engines.native.kernels.mxfp4_bf16 import (
     bits_dot,
+    bits_dot_joined,
     bits_dot_paired,
     bits_dot_swapped,
+    joined_column,
+    joined_order,
     pair_column,
     pair_order,
     unscale,
@@ -94,6 +97,9 @@ def _tile_dot(
     elif PACKED and MX == 5:  # the same, A in pair order
         acc = bits_dot_paired(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
                               s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
+    elif PACKED and MX == 6:  # the same, one dot (A in joined order)
+        acc = bits_dot_joined(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
+                              s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
     elif PACKED and MX == 2:  # Triton's own MXFP4 dot (emulated on Hopper: upcast to bf16)
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)
@@ -139,7 +145,7 @@ def _tile_dot(
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    num_pairs, inter, hidden, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
+    num_pairs, inter: tl.constexpr, hidden: tl.constexpr, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
     alpha, limit,
     TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
@@ -183,6 +189,8 @@ def _moe_up_kernel(
     # the down kernel's activation order: q-major (words, bits) or pair order (bits_paired)
     if PACKED and MX == 5:
         to = pair_column(n, inter)
+    elif PACKED and MX == 6:
+        to = joined_column(n)
     elif PACKED and (MX == 1 or MX == 3 or MX == 4):
         to = (n % 8) * (inter // 8) + n // 8
     else:
@@ -197,7 +205,7 @@ def _moe_up_kernel(
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_down_kernel(
     h_ptr, w_ptr, s_ptr, b_ptr, route_w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
+    num_pairs, hidden: tl.constexpr, inter: tl.constexpr, stride_e, stride_n, s_stride_e, s_stride_n,
     LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
@@ -258,7 +266,15 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # multiply, no float32 round trip. STATOR_MXFP4_GEMM=<mode> fixes the mode (comparisons).
 MXFP4_GEMM: str | None = os.environ.get("STATOR_MXFP4_GEMM") or None
 MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pairs, mode)
-_MX = {"bytes": 0, "words": 1, "scaled": 2, "bits": 3, "bits_swapped": 4, "bits_paired": 5}
+_MX = {
+    "bytes": 0,
+    "words": 1,
+    "scaled": 2,
+    "bits": 3,
+    "bits_swapped": 4,
+    "bits_paired": 5,
+    "bits_joined": 6,
+}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
 # (32, 128, 64, 4, 3) 838. With moe_align.py (2026-11-27, two calls): 256 tokens 558-564
@@ -300,6 +316,12 @@ BITS_PAIRED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (4096, (32, 64, 64, 4, 3)),
     (1 << 62, (64, 128, 128, 8, 3)),
 ]
+BITS_JOINED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (256, (16, 64, 128, 4, 3)),
+    (1024, (32, 64, 64, 4, 3)),
+    (4096, (32, 64, 64, 4, 3)),
+    (1 << 62, (64, 128, 128, 8, 3)),
+]
 
 
 # Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
@@ -318,7 +340,8 @@ DOWN_CONFIGS: dict[str, list[tuple[int, tuple[int, int, int, int]]]] = {}
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
     """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
     tables = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS, "bits": BITS_CONFIGS,
-              "bits_swapped": BITS_SWAPPED_CONFIGS, "bits_paired": BITS_PAIRED_CONFIGS}  # fmt: skip
+              "bits_swapped": BITS_SWAPPED_CONFIGS, "bits_paired": BITS_PAIRED_CONFIGS,
+              "bits_joined": BITS_JOINED_CONFIGS}  # fmt: skip
     return tables.get(mode, CONFIGS)
 
 
@@ -332,7 +355,7 @@ def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
 
 def _word_wise(mode: str) -> bool:
     """Modes reading int32 words and q-major activations (K need not divide BLOCK_K)."""
-    return mode in ("words", "bits", "bits_swapped", "bits_paired")
+    return mode in ("words", "bits", "bits_swapped", "bits_paired", "bits_joined")
 
 
 def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
@@ -359,6 +382,7 @@ def token_boundaries(top_k: int) -> list[int]:
         BITS_CONFIGS,
         BITS_SWAPPED_CONFIGS,
         BITS_PAIRED_CONFIGS,
+        BITS_JOINED_CONFIGS,
     )
     for table in (*tables, *DOWN_CONFIGS.values()):
         limits.update(most for most, _ in table)
@@ -432,6 +456,8 @@ def fused_moe(
     num_blocks = block_expert.shape[0]
     if mode == "bits_paired":
         x = pair_order(x)
+    elif mode == "bits_joined":
+        x = joined_order(x)
     elif words:
         from stator.engines.native.kernels.moe_gemv import permute
 

@@ -182,6 +182,39 @@ def bits_dot_paired(
 
 
 @triton.jit
+def bits_dot_joined(
+    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
+    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    """`bits_dot_paired` as one dot of BLOCK_K: the four positions' pairs joined, each word's
+    eight values in the order 0 2 1 3 4 6 5 7 (A in `joined_order`)."""
+    dtype = a_ptr.dtype.element_ty
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    w_ok = wi < K // 8
+    words = tl.load(w_ptr + n_idx[:, None] * (K // 8) + wi[None, :],
+                    mask=n_ok[:, None] & w_ok[None, :], other=0).to(tl.uint32, bitcast=True)  # fmt: skip
+    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    sc = tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :],
+                 mask=n_ok[:, None] & (gs < K // 32)[None, :], other=0)  # fmt: skip
+    scale = scale_pairs(sc) if ASM else float_scales(sc)
+    scale = tl.reshape(
+        tl.broadcast_to(scale[:, :, None], (scale.shape[0], BLOCK_K // 32, 4)),
+        (scale.shape[0], BLOCK_K // 8),
+    )
+    lo0, hi0 = scaled_halves(words, 0, scale, ASM)
+    lo1, hi1 = scaled_halves(words, 1, scale, ASM)
+    lo2, hi2 = scaled_halves(words, 2, scale, ASM)
+    lo3, hi3 = scaled_halves(words, 3, scale, ASM)
+    w = tl.join(tl.join(tl.join(lo0, hi0), tl.join(lo1, hi1)),
+                tl.join(tl.join(lo2, hi2), tl.join(lo3, hi3)))  # fmt: skip
+    w = tl.reshape(w, (words.shape[0], BLOCK_K))
+    ks = k0 + tl.arange(0, BLOCK_K)
+    a = tl.load(a_ptr + a_rows[None, :] + ks[:, None],
+                mask=(ks < K)[:, None] & row_ok[None, :], other=0.0)  # fmt: skip
+    return tl.dot(w.to(dtype), a, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def unscale(acc):
     """A float32 accumulator of `bits_dot`s times 2^OFFSET (exact)."""
     return acc * (2.0**OFFSET)
@@ -194,6 +227,23 @@ def pair_order(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, 4, k // 8, 2, dtype=x.dtype, device=x.device)
     out.copy_(x.reshape(tokens, k // 8, 2, 4).permute(0, 3, 1, 2))
     return out.view(tokens, k)
+
+
+def joined_order(x: torch.Tensor) -> torch.Tensor:
+    """[T, K] -> [T, K] in `bits_dot_joined`'s order: values 1 and 2, 5 and 6 of every
+    eight swapped."""
+    tokens, k = x.shape
+    return x.reshape(tokens, k // 8, 8)[:, :, _JOINED].reshape(tokens, k)
+
+
+_JOINED = [0, 2, 1, 3, 4, 6, 5, 7]  # its own inverse
+
+
+@triton.jit
+def joined_column(n):
+    """Where value n goes in joined order (`joined_order`)."""
+    j = n % 8
+    return n - j + tl.where((j % 4 == 1) | (j % 4 == 2), j ^ 3, j)
 
 
 @triton.jit
