@@ -28,11 +28,11 @@ run() {  # run LIMIT_S NAME CMD...
   echo "== $name rc=$? t=${SECONDS}s" | tee -a "$LOG"
 }
 B="python3 benchmarks/gpt_oss_gpu.py --out $OUT --model 20b"
-run 45 tests_bits python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+run 50 tests_bits python3 -m pytest -q -p no:cacheprovider -m gpu -x \
   -k "bitwise or (grouped_gemms and bits) or (grouped_gemms and scaled)" \
   tests/engines/native/test_gpu_gpt_oss.py
-run 220 sweep_engine $B --parts gemm engine --batch-sizes 1 256
+run 220 sweep_engine $B --parts gemm engine --profile --batch-sizes 1 256
 run 120 engine $B --parts engine --batch-sizes 1 256
-run 120 engine_old env STATOR_MXFP4_GEMM=scaled $B --parts engine --batch-sizes 1 256
+run 120 engine_old env STATOR_MXFP4_GEMM=scaled $B --parts engine --profile --batch-sizes 1 256
 run 200 http $B --parts http --tokenizer-json "$TOKENIZER"
 grep -E "^== |passed|failed" "$LOG"

@@ -118,16 +118,20 @@ GEMV_SWEEP = {
 }
 GEMM_SWEEP = {
     256: [("scaled", (64, 64, 64, 4, 3)), ("words", (32, 64, 128, 4, 3)),
-          ("bits", (64, 64, 128, 4, 3)), ("bits_swapped", (32, 64, 128, 4, 3)),
-          ("bits_paired", (32, 64, 64, 4, 3)), ("bits_paired", (32, 128, 128, 8, 3)),
-          ("bits_paired", (64, 64, 64, 4, 3)), ("bits_paired", (16, 64, 128, 4, 3)),
-          ("bits_paired", (32, 64, 128, 4, 3)), ("bits_paired", (64, 128, 128, 8, 3))],
-    64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3)),
-         ("bits_paired", (16, 64, 64, 4, 3)), ("bits_paired", (16, 128, 128, 8, 3))],
-    512: [("scaled", (64, 64, 64, 4, 3)), ("bits_paired", (32, 64, 64, 4, 3)),
-          ("bits_paired", (64, 64, 64, 4, 3)), ("bits_paired", (64, 128, 128, 8, 3))],
-    2048: [("scaled", (128, 64, 64, 4, 3)), ("bits_paired", (64, 128, 128, 8, 3)),
-           ("bits_paired", (128, 128, 64, 8, 3)), ("bits_paired", (64, 64, 64, 4, 3))],
+          ("bits_paired", (32, 64, 128, 4, 3)), ("bits_paired", (32, 64, 64, 4, 3)),
+          ("bits_paired", (32, 64, 128, 4, 4)), ("bits_paired", (32, 64, 256, 4, 3)),
+          ("bits_paired", (32, 32, 128, 4, 3)), ("bits_paired", (32, 64, 128, 2, 3)),
+          ("bits_paired", (16, 64, 128, 2, 3)), ("bits_paired", (32, 32, 128, 2, 3)),
+          ("bits_paired", (32, 32, 64, 4, 3)), ("bits_paired", (64, 32, 128, 4, 3)),
+          ("bits_paired", (32, 64, 64, 2, 3)), ("bits_joined", (32, 64, 128, 4, 3)),
+          ("bits_joined", (32, 64, 64, 4, 3)), ("bits_joined", (64, 64, 64, 4, 3)),
+          ("bits_joined", (32, 64, 128, 2, 3)), ("bits_joined", (32, 128, 128, 8, 3))],
+    512: [("scaled", (64, 64, 64, 4, 3)), ("bits_paired", (32, 64, 128, 4, 3)),
+          ("bits_paired", (32, 32, 128, 4, 3)), ("bits_paired", (64, 32, 128, 4, 3)),
+          ("bits_joined", (64, 64, 64, 4, 3))],
+    64: [("words", (16, 64, 128, 4, 3)), ("bits_paired", (16, 64, 128, 2, 3)),
+         ("bits_paired", (16, 32, 128, 4, 3)), ("bits_paired", (16, 128, 128, 8, 3))],
+    2048: [("scaled", (128, 64, 64, 4, 3))],
 }  # fmt: skip
 
 
@@ -248,7 +252,8 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
         fm.MODES = install_best_modes(best_mode)
         res["installed"] = {"modes": fm.MODES, "scaled": fm.SCALED_CONFIGS,
                             "words": fm.WORD_CONFIGS, "bits": fm.BITS_CONFIGS,
-                            "bits_paired": fm.BITS_PAIRED_CONFIGS}  # fmt: skip
+                            "bits_paired": fm.BITS_PAIRED_CONFIGS,
+                            "bits_joined": fm.BITS_JOINED_CONFIGS}  # fmt: skip
         return res
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
