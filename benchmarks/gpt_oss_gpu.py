@@ -118,20 +118,14 @@ GEMV_SWEEP = {
 }
 GEMM_SWEEP = {
     256: [("scaled", (64, 64, 64, 4, 3)), ("words", (32, 64, 128, 4, 3)),
-          ("bits_paired", (32, 64, 128, 4, 3)), ("bits_paired", (32, 64, 64, 4, 3)),
-          ("bits_paired", (32, 64, 128, 4, 4)), ("bits_paired", (32, 64, 256, 4, 3)),
-          ("bits_paired", (32, 32, 128, 4, 3)), ("bits_paired", (32, 64, 128, 2, 3)),
-          ("bits_paired", (16, 64, 128, 2, 3)), ("bits_paired", (32, 32, 128, 2, 3)),
-          ("bits_paired", (32, 32, 64, 4, 3)), ("bits_paired", (64, 32, 128, 4, 3)),
-          ("bits_paired", (32, 64, 64, 2, 3)), ("bits_joined", (32, 64, 128, 4, 3)),
-          ("bits_joined", (32, 64, 64, 4, 3)), ("bits_joined", (64, 64, 64, 4, 3)),
-          ("bits_joined", (32, 64, 128, 2, 3)), ("bits_joined", (32, 128, 128, 8, 3))],
-    512: [("scaled", (64, 64, 64, 4, 3)), ("bits_paired", (32, 64, 128, 4, 3)),
-          ("bits_paired", (32, 32, 128, 4, 3)), ("bits_paired", (64, 32, 128, 4, 3)),
-          ("bits_joined", (64, 64, 64, 4, 3))],
-    64: [("words", (16, 64, 128, 4, 3)), ("bits_paired", (16, 64, 128, 2, 3)),
-         ("bits_paired", (16, 32, 128, 4, 3)), ("bits_paired", (16, 128, 128, 8, 3))],
-    2048: [("scaled", (128, 64, 64, 4, 3))],
+          ("bits", (32, 64, 128, 4, 3)), ("bits", (32, 64, 128, 4, 4)),
+          ("bits", (32, 64, 256, 4, 3)), ("bits", (32, 64, 128, 2, 3)),
+          ("bits", (16, 64, 128, 2, 3)), ("bits", (32, 32, 128, 2, 3))],
+    512: [("scaled", (64, 64, 64, 4, 3)), ("bits", (32, 64, 128, 4, 3)),
+          ("bits", (64, 64, 128, 4, 3))],
+    64: [("words", (16, 64, 128, 4, 3)), ("bits", (16, 64, 128, 2, 3)),
+         ("bits", (16, 128, 128, 8, 3))],
+    2048: [("scaled", (128, 64, 64, 4, 3)), ("bits", (64, 128, 128, 8, 3))],
 }  # fmt: skip
 
 
@@ -251,9 +245,7 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
         moe_dequant.MIN_PAIRS = saved_min_pairs
         fm.MODES = install_best_modes(best_mode)
         res["installed"] = {"modes": fm.MODES, "scaled": fm.SCALED_CONFIGS,
-                            "words": fm.WORD_CONFIGS, "bits": fm.BITS_CONFIGS,
-                            "bits_paired": fm.BITS_PAIRED_CONFIGS,
-                            "bits_joined": fm.BITS_JOINED_CONFIGS}  # fmt: skip
+                            "words": fm.WORD_CONFIGS, "bits": fm.BITS_CONFIGS}  # fmt: skip
         return res
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)

@@ -61,15 +61,10 @@ with torch.no_grad():
         xs = torch.randn(40, 96)  # grouped GEMMs: pairs above GEMV_MAX_PAIRS
         ws, is_ = moe.route(xs)
         ref = moe._reference(xs, ws, is_)
-        outs = {}
         # (tl.dot_scaled: no interpreter support)
-        for mode in ("words", "bytes", "bits", "bits_swapped", "bits_paired", "bits_joined"):
+        for mode in ("words", "bytes", "bits"):
             fm.MXFP4_GEMM = mode
-            outs[mode] = fm.fused_moe(xs, ws, is_, moe, allow_expand=False)
-            close(outs[mode], ref, ("gemm", mode) + what)
-        if packed:  # the same exact weights (times 2^-OFFSET) and the same dots
-            assert torch.equal(outs["bits"], outs["words"]), what
-            assert torch.equal(outs["bits_swapped"], outs["words"]), what
+            close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
         if packed:
             out = torch.empty(moe.local, 128, 96)
             moe_dequant.expand(moe.w13_blocks, moe.w13_scales, out)

@@ -10,9 +10,10 @@ program, + biases, clamped SwiGLU, written per pair [T * k, I]. Down kernel, gri
 block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [T * k, H];
 the k pairs of a token are summed after (deterministic, no atomics).
 MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers:
-read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by Triton's
-`tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode) `moe_gemv.py`
-streams the weights, and large prefills expand them first (`moe_dequant.py`).
+converted to bf16 by bit operations with the weight as the MMA's left operand
+(`mxfp4_bf16.py`), read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by
+Triton's `tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode)
+`moe_gemv.py` streams the weights, and large prefills expand them first (`moe_dequant.py`).
 """
 
 from __future__ import annotations
@@ -26,12 +27,8 @@ import triton.language as tl
 from stator.engines.native.kernels.moe_align import align
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
 from stator.engines.native.kernels.mxfp4_bf16 import (
+    BITS_CONFIGS,
     bits_dot,
-    bits_dot_joined,
-    bits_dot_paired,
-    bits_dot_swapped,
-    joined_column,
-    joined_order,
     pair_column,
     pair_order,
     unscale,
@@ -88,18 +85,9 @@ def _tile_dot(
     if PACKED and MX == 1:
         acc = _words_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
                          s_stride_n, BLOCK_K, PRECISION)  # fmt: skip
-    elif PACKED and MX == 3:  # times 2^-OFFSET: the kernels `unscale` the sums
+    elif PACKED and MX == 3:  # acc [N, M], times 2^-OFFSET: the kernels `unscale` it
         acc = bits_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
                        s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
-    elif PACKED and MX == 4:  # the same, acc [N, M]
-        acc = bits_dot_swapped(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
-                               s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
-    elif PACKED and MX == 5:  # the same, A in pair order
-        acc = bits_dot_paired(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
-                              s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
-    elif PACKED and MX == 6:  # the same, one dot (A in joined order)
-        acc = bits_dot_joined(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
-                              s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
     elif PACKED and MX == 2:  # Triton's own MXFP4 dot (emulated on Hopper: upcast to bf16)
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)
@@ -163,7 +151,7 @@ def _moe_up_kernel(
     dtype = out_ptr.dtype.element_ty
     w = w_ptr + e * stride_e
     sp = s_ptr + e * s_stride_e
-    SWAPPED: tl.constexpr = PACKED and MX >= 4  # accumulators [N, M] until the epilogue
+    SWAPPED: tl.constexpr = PACKED and MX == 3  # bits_dot: [N, M] until the epilogue
     acc_g = tl.zeros([BLOCK_N, BLOCK_M] if SWAPPED else [BLOCK_M, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_M] if SWAPPED else [BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
@@ -171,12 +159,9 @@ def _moe_up_kernel(
                           s_stride_n, BLOCK_K, PACKED, MX, PRECISION, ASM)  # fmt: skip
         acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, hidden,
                           stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION, ASM)  # fmt: skip
-    if PACKED and MX >= 3:
-        acc_g = unscale(acc_g)
-        acc_u = unscale(acc_u)
     if SWAPPED:
-        acc_g = tl.trans(acc_g)
-        acc_u = tl.trans(acc_u)
+        acc_g = tl.trans(unscale(acc_g))
+        acc_u = tl.trans(unscale(acc_u))
     bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
     bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
     # Rounded to the model dtype as an unfused matmul's output would be.
@@ -185,14 +170,11 @@ def _moe_up_kernel(
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
-    # q-major for the down kernel's _words_dot
-    # the down kernel's activation order: q-major (words, bits) or pair order (bits_paired)
-    if PACKED and MX == 5:
-        to = pair_column(n, inter)
-    elif PACKED and MX == 6:
-        to = joined_column(n)
-    elif PACKED and (MX == 1 or MX == 3 or MX == 4):
+    # The down kernel's activation order: q-major (`_words_dot`), pair order (`bits_dot`).
+    if PACKED and MX == 1:
         to = (n % 8) * (inter // 8) + n // 8
+    elif SWAPPED:
+        to = pair_column(n, inter)
     else:
         to = n
     tl.store(
@@ -221,15 +203,13 @@ def _moe_down_kernel(
     dtype = out_ptr.dtype.element_ty
     w = w_ptr + e * stride_e
     sp = s_ptr + e * s_stride_e
-    SWAPPED: tl.constexpr = PACKED and MX >= 4
+    SWAPPED: tl.constexpr = PACKED and MX == 3
     acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAPPED else [BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, inter, BLOCK_K):
         acc = _tile_dot(acc, h_ptr, rows * inter, row_ok, w, sp, n, n_ok, k0, inter, stride_n,
                         s_stride_n, BLOCK_K, PACKED, MX, PRECISION, ASM)  # fmt: skip
-    if PACKED and MX >= 3:
-        acc = unscale(acc)
     if SWAPPED:
-        acc = tl.trans(acc)
+        acc = tl.trans(unscale(acc))
     bias = tl.load(b_ptr + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)
     y = (acc + bias[None, :]).to(dtype).to(tl.float32)
     route = tl.load(route_w_ptr + rows, mask=row_ok, other=0.0)
@@ -255,26 +235,19 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 # How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
 # q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
-# only: it upcasts to bf16 on Hopper). None: by size from MODES, words up to 512 (token,
-# expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
-# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 414-436 us words vs 497-530 scaled;
-# 256 tokens 763 words vs 640 scaled with SCALED_CONFIGS' 64 x 64 tiles; 512 / 1,024 /
-# 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against words 1,754 / 2,687 / 4,800 and
-# byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
-# (scaled faster); it was not measured closer: 512 is the middle.
-# "bits" (`mxfp4_bf16.py`): words converted to bf16 by bit operations and one bf16x2
-# multiply, no float32 round trip. STATOR_MXFP4_GEMM=<mode> fixes the mode (comparisons).
+# only: it upcasts to bf16 on Hopper), "bits" converts words to bf16 by bit operations with
+# the weight as the MMA's left operand (`mxfp4_bf16.py`). None: by size from MODES;
+# STATOR_MXFP4_GEMM=<mode> fixes one (comparisons). H100, 20B, one layer as a CUDA graph
+# (benchmarks/gpt_oss_gpu.py --parts gemm, 2026-11-28, µs): 64 tokens bits 287.1 vs words
+# 322.2; 256 tokens bits 408.9 vs scaled 549.8 and words 561.9; 512 tokens bits 652.0 vs
+# scaled 769.3; 2,048 tokens scaled 1,945 vs bits 2,757-3,117 (2026-11-28, first call; the
+# crossover, between 2,048 and 8,192 pairs, was not measured). Before "bits" (2026-11-27):
+# words up to 512 pairs, scaled above (64 tokens 414-436 words vs 497-530 scaled; 512 /
+# 1,024 / 2,048 tokens scaled 1,083 / 1,498 / 2,350 against words 1,754 / 2,687 / 4,800
+# and byte-wise 11,862 at 2,048).
 MXFP4_GEMM: str | None = os.environ.get("STATOR_MXFP4_GEMM") or None
-MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pairs, mode)
-_MX = {
-    "bytes": 0,
-    "words": 1,
-    "scaled": 2,
-    "bits": 3,
-    "bits_swapped": 4,
-    "bits_paired": 5,
-    "bits_joined": 6,
-}
+MODES: list[tuple[int, str]] = [(2048, "bits"), (1 << 62, "scaled")]  # (most pairs, mode)
+_MX = {"bytes": 0, "words": 1, "scaled": 2, "bits": 3}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
 # (32, 128, 64, 4, 3) 838. With moe_align.py (2026-11-27, two calls): 256 tokens 558-564
@@ -296,34 +269,6 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (32, 64, 128, 4, 3)),
     (1 << 62, (128, 128, 128, 8, 3)),
 ]
-# The tables of `mxfp4_bf16`'s modes (word tiles: BLOCK_K >= 64); "bits_swapped" and
-# "bits_paired" put the weight on the MMA's M side: BLOCK_N 64 a warp group.
-BITS_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 128, 4, 3)),
-    (1024, (64, 64, 128, 4, 3)),
-    (4096, (64, 64, 128, 4, 3)),
-    (1 << 62, (128, 128, 128, 8, 3)),
-]
-BITS_SWAPPED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 128, 4, 3)),
-    (1024, (32, 64, 128, 4, 3)),
-    (4096, (32, 64, 128, 4, 3)),
-    (1 << 62, (64, 128, 128, 8, 3)),
-]
-BITS_PAIRED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 128, 4, 3)),
-    (1024, (32, 64, 64, 4, 3)),
-    (4096, (32, 64, 64, 4, 3)),
-    (1 << 62, (64, 128, 128, 8, 3)),
-]
-BITS_JOINED_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 128, 4, 3)),
-    (1024, (32, 64, 64, 4, 3)),
-    (4096, (32, 64, 64, 4, 3)),
-    (1 << 62, (64, 128, 128, 8, 3)),
-]
-
-
 # Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
 # tensor-core tile of 16 rows would hold about one pair per expert. Same runs: 4 tokens
 # 153 us streaming vs 259 grouped, 8 tokens 281 vs 279; with the fp16-pair streaming
@@ -339,9 +284,7 @@ DOWN_CONFIGS: dict[str, list[tuple[int, tuple[int, int, int, int]]]] = {}
 
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
     """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
-    tables = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS, "bits": BITS_CONFIGS,
-              "bits_swapped": BITS_SWAPPED_CONFIGS, "bits_paired": BITS_PAIRED_CONFIGS,
-              "bits_joined": BITS_JOINED_CONFIGS}  # fmt: skip
+    tables = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS, "bits": BITS_CONFIGS}
     return tables.get(mode, CONFIGS)
 
 
@@ -355,11 +298,13 @@ def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
 
 def _word_wise(mode: str) -> bool:
     """Modes reading int32 words and q-major activations (K need not divide BLOCK_K)."""
-    return mode in ("words", "bits", "bits_swapped", "bits_paired", "bits_joined")
+    return mode in ("words", "bits")
 
 
 def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
     block_m, block_n, block_k, warps, stages = next(c for n, c in config_table(mode) if pairs <= n)
+    if mode == "bits" and block_k < 128:
+        raise ValueError(f"bits tiles need BLOCK_K >= 128 (see BITS_CONFIGS): {block_k}")
     if _word_wise(mode):  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
     while hidden % block_k or inter % block_k:
@@ -380,9 +325,6 @@ def token_boundaries(top_k: int) -> list[int]:
         SCALED_CONFIGS,
         WORD_CONFIGS,
         BITS_CONFIGS,
-        BITS_SWAPPED_CONFIGS,
-        BITS_PAIRED_CONFIGS,
-        BITS_JOINED_CONFIGS,
     )
     for table in (*tables, *DOWN_CONFIGS.values()):
         limits.update(most for most, _ in table)
@@ -454,10 +396,8 @@ def fused_moe(
     down_n, down_k, down_warps, down_stages = _down_config(pairs, hidden, inter, mode, up_tile)
     sorted_ids, block_expert = align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
-    if mode == "bits_paired":
+    if mode == "bits":
         x = pair_order(x)
-    elif mode == "bits_joined":
-        x = joined_order(x)
     elif words:
         from stator.engines.native.kernels.moe_gemv import permute
 

@@ -16,8 +16,15 @@ its float32 accumulator back by 2^OFFSET (exact). With OFFSET 32 every scale byt
 is exact, and down to 27 (values under 2^-95 may round; the float32 path caps bytes at
 240). Activations times such weights stay far above float32's subnormals.
 
-The word layout and the activations' q-major order are the "words" mode's (`moe_gemv.py`):
-the tile dot is eight dots of BLOCK_K / 8 columns.
+The tile dot (`bits_dot`) puts the weight on the MMA's M side and the activations in "pair
+order". H100, 20B, MXFP4, one MoE layer as a CUDA graph with its router (benchmarks/
+gpt_oss_gpu.py --parts gemm, 2026-11-28): 256 tokens 408.9 us against 549.8 for
+`tl.dot_scaled` (weight-read floor 141.3); 512 tokens 652.0 against 769.3; 64 tokens 287.1
+against 322.2 word-wise. Measured and dropped (same calls): the weight as the MMA's right
+operand (dequantized tiles stored to shared memory, eight dots a tile) 1,136 us at 256
+tokens; as the left operand with A q-major (a PRMT per two values to pair registers) 634.
+The kernels' sizes are constexprs: with runtime sizes the words and activations loaded 8
+bytes at a time and the same tile took 535 us.
 """
 
 from __future__ import annotations
@@ -31,8 +38,27 @@ import triton.language as tl
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
 
 OFFSET = tl.constexpr(32)
+# The grouped GEMMs' tiles in this mode (`fused_moe.config_table`), (BLOCK_M, BLOCK_N,
+# BLOCK_K, warps, stages) by the most pairs: BLOCK_N is the MMA's M (64 a warp group, 4 warps;
+# fewer warps or BLOCK_N 32: Ampere's mma.sync), BLOCK_M its N, BLOCK_K >= 128 (four dots of
+# BLOCK_K / 4; with BLOCK_K 64 the mma.sync tiles (32, 32, 64, 4, 3) and (32, 64, 64, 2, 3)
+# computed wrong results on the GPU, relative error 2.7, right in the interpreter: not
+# understood). H100, 20B, one layer as a CUDA graph (benchmarks/gpt_oss_gpu.py --parts gemm,
+# 2026-11-28), µs: 64 tokens (16, 64, 128, 2, 3) 287.1 vs (16, 128, 128, 8, 3)
+# 316.9 and (16, 32, 128, 4, 3) 371.1; 256 tokens (32, 64, 128, 4, 3) 408.9 vs (32, 64,
+# 256, 4, 3) 453.4, (32, 64, 128, 2, 3) 455.6, (32, 64, 128, 4, 4) 459.7, (32, 32, 128, 2,
+# 3) 466.5, (16, 64, 128, 2, 3) 473.5, (32, 64, 64, 4, 3) 521.1, (64, 64, 64, 4, 3) 597.4,
+# (64, 32, 128, 4, 3) 654.8, (32, 32, 128, 4, 3) 688.9, (64, 128, 128, 8, 3) 726.0;
+# 512 tokens (32, 64, 128, 4, 3) 652.0 vs (64, 32, 128, 4, 3) 977.3, (32, 32, 128, 4, 3)
+# 1,153; 2,048 tokens (64, 64, 64, 4, 3) 2,757 (first call, sizes not yet constexprs).
+BITS_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (256, (16, 64, 128, 2, 3)),
+    (1024, (32, 64, 128, 4, 3)),
+    (4096, (32, 64, 128, 4, 3)),
+    (1 << 62, (64, 128, 128, 8, 3)),
+]
 # The scale multiply as one inline `mul.rn.bf16x2` (True) or two float32 multiplies of the
-# halves (False: the interpreter's way, measured against it on the GPU).
+# halves (False: the interpreter's way; the GPU test holds both to the same bits).
 BITS_ASM = True
 
 
@@ -89,74 +115,13 @@ def bits_dot(
     acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
     BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """acc [M, N] += A[a_rows, k0:k0 + BLOCK_K] @ W[n_idx, k0:k0 + BLOCK_K]^T * 2^-OFFSET,
-    W MXFP4 words (K / 8 a row) and A in q-major order (as `fused_moe._words_dot`). K need
-    not divide by BLOCK_K (masked)."""
-    dtype = a_ptr.dtype.element_ty
-    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    w_ok = wi < K // 8
-    words = tl.load(w_ptr + n_idx[None, :] * (K // 8) + wi[:, None],
-                    mask=w_ok[:, None] & n_ok[None, :], other=0).to(tl.uint32, bitcast=True)  # fmt: skip
-    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    sc = tl.load(s_ptr + n_idx[None, :] * s_stride_n + gs[:, None],
-                 mask=(gs < K // 32)[:, None] & n_ok[None, :], other=0)  # fmt: skip
-    scale = scale_pairs(sc) if ASM else float_scales(sc)
-    scale = tl.reshape(
-        tl.broadcast_to(scale[:, None, :], (BLOCK_K // 32, 4, scale.shape[1])),
-        (BLOCK_K // 8, scale.shape[1]),
-    )
-    a_at = a_ptr + a_rows[:, None] + wi[None, :]
-    a_ok = row_ok[:, None] & w_ok[None, :]
-    for q in tl.static_range(4):
-        lo, hi = scaled_halves(words, q, scale, ASM)
-        a_lo = tl.load(a_at + q * (K // 8), mask=a_ok, other=0.0)
-        a_hi = tl.load(a_at + (q + 4) * (K // 8), mask=a_ok, other=0.0)
-        acc = tl.dot(a_lo, lo.to(dtype), acc, input_precision=PRECISION)
-        acc = tl.dot(a_hi, hi.to(dtype), acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def bits_dot_swapped(
-    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
-):  # fmt: skip
-    """`bits_dot` transposed: acc [N, M] += W[n_idx, k0:k0 + BLOCK_K] @ A[a_rows, ...]^T *
-    2^-OFFSET. The weight is the MMA's left operand, which Hopper's wgmma takes from
-    registers (the dequantized tile need not go through shared memory), and an expert's
-    few rows are the MMA's N (8 to 256 in 8s) rather than rows of a 64-row tile."""
-    dtype = a_ptr.dtype.element_ty
-    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    w_ok = wi < K // 8
-    words = tl.load(w_ptr + n_idx[:, None] * (K // 8) + wi[None, :],
-                    mask=n_ok[:, None] & w_ok[None, :], other=0).to(tl.uint32, bitcast=True)  # fmt: skip
-    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    sc = tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :],
-                 mask=n_ok[:, None] & (gs < K // 32)[None, :], other=0)  # fmt: skip
-    scale = scale_pairs(sc) if ASM else float_scales(sc)
-    scale = tl.reshape(
-        tl.broadcast_to(scale[:, :, None], (scale.shape[0], BLOCK_K // 32, 4)),
-        (scale.shape[0], BLOCK_K // 8),
-    )
-    a_at = a_ptr + a_rows[None, :] + wi[:, None]
-    a_ok = w_ok[:, None] & row_ok[None, :]
-    for q in tl.static_range(4):
-        lo, hi = scaled_halves(words, q, scale, ASM)
-        a_lo = tl.load(a_at + q * (K // 8), mask=a_ok, other=0.0)
-        a_hi = tl.load(a_at + (q + 4) * (K // 8), mask=a_ok, other=0.0)
-        acc = tl.dot(lo.to(dtype), a_lo, acc, input_precision=PRECISION)
-        acc = tl.dot(hi.to(dtype), a_hi, acc, input_precision=PRECISION)
-    return acc
-
-
-@triton.jit
-def bits_dot_paired(
-    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
-):  # fmt: skip
-    """`bits_dot_swapped` with each word's two values of position q side by side in K
-    (A in "pair" order, `pair_order`): the bf16x2 product is the MMA operand's register
-    as it is, four dots of BLOCK_K / 4."""
+    """acc [N, M] += W[n_idx, k0:k0 + BLOCK_K] @ A[a_rows, k0:k0 + BLOCK_K]^T * 2^-OFFSET:
+    W MXFP4 words (K / 8 a row), A in pair order (`pair_order`), acc transposed (the
+    kernels transpose it once after the loop). The weight is the MMA's left operand, which
+    Hopper's wgmma takes from registers (the dequantized tile skips shared memory), and an
+    expert's few rows are the MMA's N (8 to 256 in 8s), not rows of a 64-row tile. Each
+    word's two values of position q sit side by side in K, so the bf16x2 product is an
+    operand register as it is: four dots of BLOCK_K / 4. K need not divide by BLOCK_K."""
     dtype = a_ptr.dtype.element_ty
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     w_ok = wi < K // 8
@@ -182,68 +147,18 @@ def bits_dot_paired(
 
 
 @triton.jit
-def bits_dot_joined(
-    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
-):  # fmt: skip
-    """`bits_dot_paired` as one dot of BLOCK_K: the four positions' pairs joined, each word's
-    eight values in the order 0 2 1 3 4 6 5 7 (A in `joined_order`)."""
-    dtype = a_ptr.dtype.element_ty
-    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    w_ok = wi < K // 8
-    words = tl.load(w_ptr + n_idx[:, None] * (K // 8) + wi[None, :],
-                    mask=n_ok[:, None] & w_ok[None, :], other=0).to(tl.uint32, bitcast=True)  # fmt: skip
-    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    sc = tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :],
-                 mask=n_ok[:, None] & (gs < K // 32)[None, :], other=0)  # fmt: skip
-    scale = scale_pairs(sc) if ASM else float_scales(sc)
-    scale = tl.reshape(
-        tl.broadcast_to(scale[:, :, None], (scale.shape[0], BLOCK_K // 32, 4)),
-        (scale.shape[0], BLOCK_K // 8),
-    )
-    lo0, hi0 = scaled_halves(words, 0, scale, ASM)
-    lo1, hi1 = scaled_halves(words, 1, scale, ASM)
-    lo2, hi2 = scaled_halves(words, 2, scale, ASM)
-    lo3, hi3 = scaled_halves(words, 3, scale, ASM)
-    w = tl.join(tl.join(tl.join(lo0, hi0), tl.join(lo1, hi1)),
-                tl.join(tl.join(lo2, hi2), tl.join(lo3, hi3)))  # fmt: skip
-    w = tl.reshape(w, (words.shape[0], BLOCK_K))
-    ks = k0 + tl.arange(0, BLOCK_K)
-    a = tl.load(a_ptr + a_rows[None, :] + ks[:, None],
-                mask=(ks < K)[:, None] & row_ok[None, :], other=0.0)  # fmt: skip
-    return tl.dot(w.to(dtype), a, acc, input_precision=PRECISION)
-
-
-@triton.jit
 def unscale(acc):
     """A float32 accumulator of `bits_dot`s times 2^OFFSET (exact)."""
     return acc * (2.0**OFFSET)
 
 
 def pair_order(x: torch.Tensor) -> torch.Tensor:
-    """[T, K] -> [T, K] in `bits_dot_paired`'s order: value 8w + q + 4h at
+    """[T, K] -> [T, K] in `bits_dot`'s order: value 8w + q + 4h at
     q * K / 4 + 2w + h (for each q, each word's two values side by side)."""
     tokens, k = x.shape
     out = torch.empty(tokens, 4, k // 8, 2, dtype=x.dtype, device=x.device)
     out.copy_(x.reshape(tokens, k // 8, 2, 4).permute(0, 3, 1, 2))
     return out.view(tokens, k)
-
-
-def joined_order(x: torch.Tensor) -> torch.Tensor:
-    """[T, K] -> [T, K] in `bits_dot_joined`'s order: values 1 and 2, 5 and 6 of every
-    eight swapped."""
-    tokens, k = x.shape
-    return x.reshape(tokens, k // 8, 8)[:, :, _JOINED].reshape(tokens, k)
-
-
-_JOINED = [0, 2, 1, 3, 4, 6, 5, 7]  # its own inverse
-
-
-@triton.jit
-def joined_column(n):
-    """Where value n goes in joined order (`joined_order`)."""
-    j = n % 8
-    return n - j + tl.where((j % 4 == 1) | (j % 4 == 2), j ^ 3, j)
 
 
 @triton.jit
