@@ -329,6 +329,10 @@ def burst_transfers(fleet: Fleet, rng: random.Random, n: int, count: int) -> dic
         "mean_pull_ms": total / pulls * 1e3 if pulls else 0.0,
         "busy_GBps": nbytes / busy / 1e9 if busy else 0.0,
         "overlap": total / busy if busy else 0.0,
+        # Where a pull of the burst spent its time, mean per pull (a coalesced pull counts
+        # its batch's launch, device and wait times; copy: from submitting to the copy's end).
+        **{f"mean_{p}_ms": delta(f"kv_transfer_{p}_seconds_total") / pulls * 1e3 if pulls else 0.0
+           for p in ("copy", "launch", "device", "wait", "check_wait")},
     }  # fmt: skip
 
 
