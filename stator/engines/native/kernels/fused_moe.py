@@ -291,8 +291,10 @@ def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
 def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
     mode = MXFP4_GEMM or next(m for most, m in MODES if pairs <= most)
-    if dtype != torch.bfloat16:  # tl.dot_scaled takes bf16 activations
-        return "words" if mode == "scaled" else mode
+    if dtype != torch.bfloat16 and mode == "scaled":  # tl.dot_scaled takes bf16 activations
+        return "words"
+    if dtype == torch.float16 and mode == "bits":  # its weights times 2^-32 underflow fp16
+        return "words"
     return mode
 
 
