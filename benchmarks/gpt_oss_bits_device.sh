@@ -4,7 +4,7 @@
 #   sweep_engine  the grouped-GEMM sweep at 256 / 64 / 512 / 2,048 tokens (every config
 #                 checked against the reference, with the weight-read floor), its winners
 #                 installed for the engine decode step at batch 1 and 256
-#   tests_bits    the GPU tests of the grouped GEMMs (bit-wise modes among them)
+#   tests_bits    the GPU tests of the grouped GEMMs (bit-wise mode among them; ~70 s)
 #   engine        the engine decode step at batch 1 and 256 with the defaults
 #   engine_old    the same with STATOR_MXFP4_GEMM=scaled (session 5's path at 256)
 #   http          1,000 ShareGPT-like requests through HTTP, c=256 (needs $TOKENIZER)
@@ -28,7 +28,7 @@ run() {  # run LIMIT_S NAME CMD...
   echo "== $name rc=$? t=${SECONDS}s" | tee -a "$LOG"
 }
 B="python3 benchmarks/gpt_oss_gpu.py --out $OUT --model 20b"
-run 50 tests_bits python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+run 70 tests_bits python3 -m pytest -q -p no:cacheprovider -m gpu -x \
   -k "bitwise or (grouped_gemms and bits) or (grouped_gemms and scaled)" \
   tests/engines/native/test_gpu_gpt_oss.py
 run 220 sweep_engine $B --parts gemm engine --profile --batch-sizes 1 256
