@@ -20,7 +20,10 @@ decode tok/s, the decode step at batch 256, and mixed steps in isolation (16 / 6
 decodes plus one new 128-token prompt each step) with the GPU's busy fraction over them.
 `--engine-variant NAME=JSON` times the engine alone again with other `NativeConfig` fields
 (e.g. eager mixed steps: `{"cudagraph_mode": "full_decode_only"}`; admission order:
-`lof={"scheduling_policy": "lof"}` with `--skip-variant-mixed`).
+`lof={"scheduling_policy": "lof"}` with `--skip-variant-mixed`); its "_bench" key holds
+what is not a config field: {"env": {...}} for the engine's process, {"unfreeze_gc": true}
+(the collector as before `EngineCore` froze its start-up heap). Each run of the engine
+alone also prints its per-step ledger (`step_ledger.py`) and saves its rows under --out.
 
     python benchmarks/native_gpu_http_vs_engine.py [--num-requests 1000] \\
         [--variant "default=" --variant "api2=--api-server-count 2"] \\
@@ -34,6 +37,7 @@ decodes plus one new 128-token prompt each step) with the GPU's busy fraction ov
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -105,6 +109,8 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     }
     config = NativeConfig(**{**fields, **json.loads(args.engine_config)})
     core = EngineCore(config, mdir)
+    if args.unfreeze_gc:  # as before the engine froze its start-up heap (an A/B baseline)
+        gc.unfreeze()
     vocab = core.spec.vocab_size
     rng = random.Random(7)
 
@@ -272,6 +278,8 @@ def engine_alone(
     profiles: list[str] | None = None,
     rates: dict | None = None,
     label: str = "",
+    env: dict | None = None,
+    unfreeze_gc: bool = False,
 ) -> dict:
     cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
     cmd += ["--out", args.out, "--label", label]
@@ -283,7 +291,14 @@ def engine_alone(
     cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
     cmd += ["--no-mixed"] if profiles_only and args.skip_variant_mixed else []
     with log.open("wb") as handle:
-        subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False, cwd=REPO)
+        subprocess.run(
+            cmd + (["--unfreeze-gc"] if unfreeze_gc else []),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            check=False,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
     text = log.read_text(errors="replace")
     m = re.search(r"^ENGINE-ALONE (.*)$", text, re.M)
     if not m:
@@ -344,6 +359,7 @@ def main() -> None:
     )
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--unfreeze-gc", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
@@ -370,8 +386,18 @@ def main() -> None:
         print("engine alone:", json.dumps(res["engine"]), flush=True)
     for name, config in (v.partition("=")[::2] for v in args.engine_variant):
         log = out / f"engine_alone_{name}.log"
+        fields = json.loads(config or "{}")
+        bench = fields.pop("_bench", {})
         r = engine_alone(
-            args, log, config, True, args.engine_profiles, res["rates"], label=f"{name}_"
+            args,
+            log,
+            json.dumps(fields),
+            True,
+            args.engine_profiles,
+            res["rates"],
+            label=f"{name}_",
+            env=bench.get("env", {}),
+            unfreeze_gc=bench.get("unfreeze_gc", False),
         )
         res.setdefault("engine_variants", {})[name] = r
         print(f"engine alone {name}:", json.dumps(r), flush=True)

@@ -111,6 +111,10 @@ def ledger(records: list[dict], cfg: dict, rates: dict, workload_floor: dict | N
         "step_floors_s": sum(r["floor"] for r in ran),
         "step_rooflines_s": sum(r["roofline"] for r in ran),
         "excess_s": sum(r["excess"] for r in ran),
+        # The host in Python's cyclic collector (inside the steps' wall and device times).
+        "gc_s": sum(r.get("gc", 0.0) for r in rows),
+        "gc_full": sum(r.get("gc_full", 0) for r in rows),
+        "slowest_steps_ms": sorted((round(1e3 * r["device"], 1) for r in ran), reverse=True)[:5],
     }
     if workload_floor is not None:
         totals["workload_floor_s"] = workload_floor["seconds"]
@@ -154,7 +158,8 @@ def format_ledger(led: dict) -> str:
     text += (
         f"\nsteps {t['steps']}, device {t['device_s']:.2f} s + gaps {t['gaps_s']:.2f} s "
         f"(host wall {t['wall_s']:.2f} s); step floors {t['step_floors_s']:.2f} s (rooflines "
-        f"{t['step_rooflines_s']:.2f}); excess {t['excess_s']:.2f} s"
+        f"{t['step_rooflines_s']:.2f}); excess {t['excess_s']:.2f} s; garbage collection "
+        f"{t['gc_s']:.2f} s ({t['gc_full']} full); slowest steps {t['slowest_steps_ms']} ms"
     )
     if "workload_floor_s" in t:
         text += (

@@ -12,6 +12,7 @@ reads each thread's CPU time from /proc (which thread takes a process past 100%)
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ class StepProfile:
         self._events: list[tuple] = []  # (start, end) CUDA events of each record
         self._begin = None  # the CUDA event before this step's forward pass
         self._launch = 0.0
+        self._gc = [0.0, 0, 0.0]  # seconds in collections, full ones, when one began
+        gc.callbacks.append(self._on_gc)
         schedule = core.scheduler.schedule
 
         def recording_schedule():
@@ -78,6 +81,13 @@ class StepProfile:
 
         runner.execute = timed_execute
 
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc[2] = time.perf_counter()
+            return
+        self._gc[0] += time.perf_counter() - self._gc[2]
+        self._gc[1] += info.get("generation") == 2
+
     def reset(self) -> None:
         """Forget the steps recorded so far (a new run begins)."""
         self.records = []
@@ -93,6 +103,7 @@ class StepProfile:
     def step(self) -> list:
         queued = bool(self.core.scheduler.waiting)
         wait0, start = self._wait, time.perf_counter()
+        gc0, full0 = self._gc[0], self._gc[1]
         self._batch = None
         self._shape = ((), (), ())
         self._mode = "eager"
@@ -119,6 +130,8 @@ class StepProfile:
             "queued": queued,
             "mode": self._mode if news else "none",
             "launch": self._launch,  # the host's time in the forward pass's call
+            "gc": self._gc[0] - gc0,  # the host's time in Python's cyclic collector
+            "gc_full": self._gc[1] - full0,  # full (generation 2) collections
             **step_work(*self._shape),
         }
         self.records.append(rec)
