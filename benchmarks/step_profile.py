@@ -4,7 +4,12 @@
 many sequences, tokens, prompt tokens), its wall time, the part of it the host spent
 waiting for the device (the overlapped read-back of sampled tokens: a step that waits
 little was bound by the host, not the GPU), the tokens it emitted and whether prompts
-were still queued. `summary()` groups the steps by kind (pure decode or mixed), by batch
+were still queued; for the per-step ledger (`step_ledger.py`): what it computes
+(`step_work`: decodes and the KV context they read, prompt tokens and their attention
+pairs), how it ran (a decode graph, piecewise graphs or eagerly), its device time and the
+GPU's idle gap before it (CUDA events, `device_times()`), the host's time in the forward
+pass's call and in Python's garbage collector. It drains the core's KV events after each
+step, as the engine core's process does. `summary()` groups the steps by kind (pure decode or mixed), by batch
 size, and the tail after the queue emptied, where batches only shrink. `thread_cpu()`
 reads each thread's CPU time from /proc (which thread takes a process past 100%).
 `gpu_busy(run)`: the GPU's busy fraction over `run` from torch.profiler (short runs only).
@@ -110,6 +115,9 @@ class StepProfile:
         self._begin = None
         self._launch = 0.0
         outputs = self.core.step()
+        # As the engine core's process does after each step: left undrained, a run's KV
+        # events pile up (tens of thousands) and each full collection walks them all.
+        self.core.drain_kv_events()
         wall = time.perf_counter() - start
         end = None
         if self._begin is not None:

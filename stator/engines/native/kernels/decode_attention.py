@@ -156,8 +156,10 @@ def _decode_merge_kernel(
     )
 
 
-#: Programs per SM `default_num_splits` aims at (env STATOR_DECODE_PROGRAMS_PER_SM).
-PROGRAMS_PER_SM = int(os.environ.get("STATOR_DECODE_PROGRAMS_PER_SM", "16"))
+#: Programs per SM `default_num_splits` aims at (env STATOR_DECODE_PROGRAMS_PER_SM). 2:
+#: the GPU filled about twice. More splits would serve mid batches of long sequences (see
+#: `num_splits_for`), but 16 is not measured on a whole run yet, so the default stays.
+PROGRAMS_PER_SM = int(os.environ.get("STATOR_DECODE_PROGRAMS_PER_SM", "2"))
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
@@ -174,13 +176,13 @@ def num_splits_for(
     programs_per_sm: int | None = None,
 ) -> int:
     """About `programs_per_sm` (default PROGRAMS_PER_SM) programs per SM, no split shorter
-    than one tile, a power of two up to 32. Several waves, not one: a program walks its
-    sequence's share tile by tile, so with one split per sequence the longest sequence of
-    the batch sets the step's time. On an H100 run of ShareGPT-like lengths
-    (`benchmarks/step_ledger.py`), decode steps of 9-32 sequences at ~1,300 tokens each
-    read their KV at a third of the copy rate with 2 programs per SM (one split from 17
-    sequences up: 142 ms per million tokens of context against 44 at the copy rate), while
-    batches of 256 (one split either way) read at it."""
+    than one tile, a power of two up to 32. Why more than one wave may pay: a program walks
+    its sequence's share tile by tile, so with one split per sequence the longest sequence
+    of the batch sets the step's time. On an H100 run of ShareGPT-like lengths
+    (`benchmarks/step_ledger.py`, 2026-11-28), decode steps of 9-32 sequences at ~1,300
+    tokens each took 142 ms per million tokens of context (44 at the copy rate) with 2
+    programs per SM, which gives one split from 17 sequences up; batches of 256 read their
+    KV at the copy rate."""
     per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
     by_occupancy = max(1, (per_sm * sms) // max(1, batch * num_kv_heads))
     by_length = max(1, math.ceil(max_seq_len / BLOCK_N))
