@@ -75,6 +75,15 @@ def step_class(rec: dict) -> str | None:
     return band if rec["mode"] == "graph" else f"{band} {rec['mode']}"
 
 
+STALL_RATIO, STALL_S = 3.0, 0.05  # a stall: device time over 3x the step's floor + 50 ms
+
+
+def is_stall(row: dict) -> bool:
+    """A step whose device time is over STALL_RATIO times its floor plus STALL_S: no
+    step's work explains that much (the host stopped inside it)."""
+    return row["device"] > STALL_RATIO * row["floor"] + STALL_S
+
+
 def ledger(records: list[dict], cfg: dict, rates: dict, workload_floor: dict | None = None) -> dict:
     """Each step's floor and excess (`rows`, in the records' order), the excess summed by
     class, and the run's totals. `workload_floor`: `serving_workloads.floor`'s result for
@@ -115,6 +124,10 @@ def ledger(records: list[dict], cfg: dict, rates: dict, workload_floor: dict | N
         "gc_s": sum(r.get("gc", 0.0) for r in rows),
         "gc_full": sum(r.get("gc_full", 0) for r in rows),
         "slowest_steps_ms": sorted((round(1e3 * r["device"], 1) for r in ran), reverse=True)[:5],
+        # Steps far over their floor (a collection, a first-use load): counted in their
+        # class too, and summed here so a class's excess can be read without them.
+        "stalls": sum(is_stall(r) for r in ran),
+        "stall_excess_s": sum(r["excess"] for r in ran if is_stall(r)),
     }
     if workload_floor is not None:
         totals["workload_floor_s"] = workload_floor["seconds"]
@@ -159,7 +172,9 @@ def format_ledger(led: dict) -> str:
         f"\nsteps {t['steps']}, device {t['device_s']:.2f} s + gaps {t['gaps_s']:.2f} s "
         f"(host wall {t['wall_s']:.2f} s); step floors {t['step_floors_s']:.2f} s (rooflines "
         f"{t['step_rooflines_s']:.2f}); excess {t['excess_s']:.2f} s; garbage collection "
-        f"{t['gc_s']:.2f} s ({t['gc_full']} full); slowest steps {t['slowest_steps_ms']} ms"
+        f"{t['gc_s']:.2f} s ({t['gc_full']} full); {t['stalls']} stalls (over {STALL_RATIO:g}x "
+        f"their floor + {1e3 * STALL_S:.0f} ms) {t['stall_excess_s']:.2f} s of the excess; "
+        f"slowest steps {t['slowest_steps_ms']} ms"
     )
     if "workload_floor_s" in t:
         text += (

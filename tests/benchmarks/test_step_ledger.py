@@ -104,6 +104,7 @@ def test_the_ledger_sums_excess_by_class_and_gaps_apart():
     assert t["steps"] == 3 and t["gaps_s"] == 7.0 and t["device_s"] == 590.0
     assert t["wall_s"] == 591.0
     assert t["excess_s"] == pytest.approx(eager["excess"] + decode["excess"])
+    assert t["stalls"] == 0 and t["stall_excess_s"] == 0
     # The largest excess first.
     assert list(led["classes"]) == ["mixed eager", "decode 1-8"]
     assert "| mixed eager | 1 |" in format_ledger(led)
@@ -131,3 +132,17 @@ def test_step_floors_of_a_schedule_with_the_floors_steps_add_up_to_the_workload_
     ]
     led = ledger(split, TINY, UNIT, work)
     assert led["totals"]["extra_steps_s"] == pytest.approx(56)
+
+
+def test_a_step_far_over_its_floor_is_counted_as_a_stall_too():
+    unit = {"matmul_flops": 1e3, "copy_bytes_s": 1e3}  # this decode step's floor: 0.08 s
+    steps = [
+        rec("graph", 0.07, [3], [2], [1]),
+        rec("graph", 0.30, [3], [2], [1]),  # over 3 x 0.08 + 0.05 s
+    ]
+    led = ledger(steps, TINY, unit)
+    floor_s = led["rows"][0]["floor"]
+    assert floor_s == pytest.approx((56 + 8 * 3) / 1e3)
+    t = led["totals"]
+    assert t["stalls"] == 1 and t["stall_excess_s"] == pytest.approx(0.30 - floor_s)
+    assert led["classes"]["decode 1-8"]["steps"] == 2  # still in its class
