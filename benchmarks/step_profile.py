@@ -11,8 +11,8 @@ GPU's idle gap before it (CUDA events, `device_times()`), the host's time in the
 pass's call and in Python's garbage collector. It drains the core's KV events after each
 step, as the engine core's process does. `summary()` groups the steps by kind (pure
 decode or mixed), by batch size, and the tail after the queue emptied, where batches only
-shrink. `thread_cpu()`
-reads each thread's CPU time from /proc (which thread takes a process past 100%).
+shrink. `thread_cpu()` reads each thread's CPU time from /proc (which thread takes a
+process past 100%).
 `gpu_busy(run)`: the GPU's busy fraction over `run` from torch.profiler (short runs only).
 """
 
