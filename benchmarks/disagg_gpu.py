@@ -44,6 +44,7 @@ from benchmarks.native_gpu_serve import make_8b_dir  # noqa: E402
 from stator.kv.block_copy import pool_shape  # noqa: E402
 from stator.kv.transfer import copy as kv_copy  # noqa: E402
 from stator.kv.transfer.copy import copy_blocks  # noqa: E402
+from stator.kv.transfer.stats import WINDOW_GAP_S  # noqa: E402
 
 LAYERS, HEADS, DIM, BS = 32, 8, 128, 16
 SIZES = [1024, 8192, 32768]
@@ -303,8 +304,10 @@ def engine_transfers(fleet: Fleet, rng: random.Random, reps: int) -> dict:
 
 def burst_transfers(fleet: Fleet, rng: random.Random, n: int, count: int) -> dict:
     """`count` prompts of `n` tokens sent at once (prefilled together, so their pulls
-    overlap on the decode side): bytes over the time with any pull in flight."""
+    overlap on the decode side): bytes over the time with any pull in flight (`busy`), and
+    over the burst's span, first pull start to last pull end, gaps included (`span`)."""
     prompts = [tokens(rng, n) for _ in range(count)]
+    time.sleep(WINDOW_GAP_S + 0.1)  # the burst's first pull opens a new window
     before = fleet.metrics("decode")
     with ThreadPoolExecutor(count) as pool:
         list(pool.map(lambda p: complete(fleet.url, p, 2), prompts))
@@ -316,12 +319,20 @@ def burst_transfers(fleet: Fleet, rng: random.Random, n: int, count: int) -> dic
     pulls, nbytes = delta("kv_transfers_total"), delta("kv_transfer_bytes_total")
     busy, total = delta("kv_transfer_busy_seconds_total"), delta("kv_transfer_seconds_total")
     batches = delta("kv_transfer_copy_batches_total")
+    start, end = after["kv_transfer_window_start_time"], after["kv_transfer_last_end_time"]
+    # The window opened in this burst only if it began after the last pull before it.
+    span = end - start if start > before["kv_transfer_last_end_time"] else 0.0
     return {
+        "span_ms": span * 1e3, "span_GBps": nbytes / span / 1e9 if span else 0.0,
         "copy_batches": batches, "pulls_per_batch": pulls / batches if batches else 0.0,
         "pulls": pulls, "bytes": nbytes, "busy_ms": busy * 1e3, "sum_pull_ms": total * 1e3,
         "mean_pull_ms": total / pulls * 1e3 if pulls else 0.0,
         "busy_GBps": nbytes / busy / 1e9 if busy else 0.0,
         "overlap": total / busy if busy else 0.0,
+        # Where a pull of the burst spent its time, mean per pull (a coalesced pull counts
+        # its batch's launch, device and wait times; copy: from submitting to the copy's end).
+        **{f"mean_{p}_ms": delta(f"kv_transfer_{p}_seconds_total") / pulls * 1e3 if pulls else 0.0
+           for p in ("copy", "launch", "device", "wait", "check_wait")},
     }  # fmt: skip
 
 

@@ -164,6 +164,8 @@ def measure(src, dst, n: int, blocks: int, reps: int, wanted: set[str]) -> dict:
         )[1],
         "union8_graph_loop": lambda: burst(graph.launch, [union([fresh() for _ in range(8)])]),
     }
+    if unknown := wanted - modes.keys():
+        raise SystemExit(f"unknown --modes {sorted(unknown)}; known: {', '.join(modes)}")
     if wanted:
         modes = {name: run for name, run in modes.items() if name in wanted}
     out = {}

@@ -84,11 +84,15 @@ class Engine(abc.ABC):
         """Raise if the engine is unhealthy. The worker host also sends a one-token request
         periodically; this hook adds engine-specific checks (default: none)."""
 
-    async def release_kv(self, prefill_request_id: str, unless_claimed: bool = False) -> bool:
+    async def release_kv(
+        self, prefill_request_id: str, unless_claimed: bool = False, later: bool = False
+    ) -> bool:
         """Prefill role: unpin the KV kept for a decode side that will not pull it (the
         client went away). False when nothing was pinned under that id, or with
         `unless_claimed` when a decode side has begun reading it (it releases the pin
-        itself once its copy is over)."""
+        itself once its copy is over). `later`: if nothing is pinned under that id yet
+        (the prefill still runs), a pin made under it within the pin timeout goes at
+        once."""
         return False
 
     async def clear_kv(self) -> None:

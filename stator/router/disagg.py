@@ -159,8 +159,10 @@ class DisaggRouter:
                 # has unless its answer was already on its way here (then it pinned the KV
                 # under the request's id for a decode worker that will never come): ask
                 # every prefill worker to unpin that id (a no-op where nothing is pinned).
+                # The prefill may also still run there: `later` makes the worker drop a
+                # pin it makes under that id soon (its abort can come after it pinned).
                 for worker_id in list(self.prefill_admin.instances if self.prefill_admin else []):
-                    self._release(worker_id, request.request_id, True)
+                    self._release(worker_id, request.request_id, True, later=True)
             if not isinstance(exc, (Migratable, NoInstances, Overloaded)):
                 raise
             if self.config.enforce_disagg:
@@ -209,7 +211,11 @@ class DisaggRouter:
                 self._release(params.prefill_worker_id, pin, unless_claimed=handed_over)
 
     def _release(
-        self, worker_id: int | None, prefill_request_id: str | None, unless_claimed: bool
+        self,
+        worker_id: int | None,
+        prefill_request_id: str | None,
+        unless_claimed: bool,
+        later: bool = False,
     ) -> None:
         admin = self.prefill_admin
         if admin is None or worker_id is None or prefill_request_id is None:
@@ -220,6 +226,8 @@ class DisaggRouter:
         async def release() -> None:
             try:
                 args = {"id": prefill_request_id, "unless_claimed": unless_claimed}
+                if later:
+                    args["later"] = True
                 request = AdminRequest(op="kv_release", args=args)
                 await asyncio.wait_for(admin.call(worker_id, request), 5.0)
             except Exception as exc:  # the prefill worker's timeout releases it anyway

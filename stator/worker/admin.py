@@ -74,8 +74,9 @@ class AdminOps:
         return await state if inspect.isawaitable(state) else state
 
     async def _kv_release(self, args: dict[str, Any]) -> bool:
-        unless_claimed = bool(args.get("unless_claimed", False))
-        return await self.engine.release_kv(_required_str(args, "id"), unless_claimed)
+        pin = _required_str(args, "id")
+        unless_claimed, later = _flag(args, "unless_claimed"), _flag(args, "later")
+        return await self.engine.release_kv(pin, unless_claimed, later)
 
     async def _load_lora(self, args: dict[str, Any]) -> Any:
         name, path = _required_str(args, "name"), _required_str(args, "path")
@@ -127,4 +128,11 @@ def _required_str(args: dict[str, Any], key: str) -> str:
     value = args.get(key)
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key!r} (a non-empty string) is required")
+    return value
+
+
+def _flag(args: dict[str, Any], key: str) -> bool:
+    value = args.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key!r} must be true or false, not {value!r}")
     return value

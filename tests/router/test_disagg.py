@@ -228,7 +228,7 @@ async def test_a_stop_token_at_prefill_ends_the_request_there(fleet, monkeypatch
 
 async def test_a_client_leaving_between_the_halves_releases_the_prefill_kv(fleet):
     released = await leave_after(fleet, outputs=1)
-    assert released == [("r1", False)]  # no decode worker has it: unpinned whatever
+    assert released == [("r1", False, False)]  # no decode worker has it: unpinned whatever
 
 
 async def test_a_client_leaving_once_the_decode_request_is_sent_releases_unless_claimed(fleet):
@@ -236,10 +236,10 @@ async def test_a_client_leaving_once_the_decode_request_is_sent_releases_unless_
     unpin now, unless a decode worker has begun reading the blocks (it releases them
     itself after its copy). Not left to the prefill side's timeout."""
     released = await leave_after(fleet, outputs=2)
-    assert released == [("r1", True)]
+    assert released == [("r1", True, False)]
 
 
-async def leave_after(fleet, outputs: int) -> list[tuple[str, bool]]:
+async def leave_after(fleet, outputs: int) -> list[tuple[str, bool, bool]]:
     prefill = await fleet.worker("prefill")
     await fleet.worker("decode")
     router = await fleet.router()
@@ -247,8 +247,8 @@ async def leave_after(fleet, outputs: int) -> list[tuple[str, bool]]:
     await router.decode.client.wait_for_instances(1)
     released = []
 
-    async def release_kv(rid, unless_claimed=False):
-        released.append((rid, unless_claimed))
+    async def release_kv(rid, unless_claimed=False, later=False):
+        released.append((rid, unless_claimed, later))
         return True
 
     prefill.engine.release_kv = release_kv
@@ -274,8 +274,8 @@ async def test_a_client_leaving_after_the_prefill_answer_before_its_stream_ends_
     await router.decode.client.wait_for_instances(1)
     released = []
 
-    async def release_kv(rid, unless_claimed=False):
-        released.append((rid, unless_claimed))
+    async def release_kv(rid, unless_claimed=False, later=False):
+        released.append((rid, unless_claimed, later))
         return True
 
     prefill.engine.release_kv = release_kv
@@ -299,7 +299,7 @@ async def test_a_client_leaving_after_the_prefill_answer_before_its_stream_ends_
         if released:
             break
         await asyncio.sleep(0.01)
-    assert released == [("r1", False)]
+    assert released == [("r1", False, False)]
 
 
 async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_to_unpin(fleet):
@@ -313,8 +313,8 @@ async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_t
     await router.prefill_admin.wait_for_instances(1)
     released = []
 
-    async def release_kv(rid, unless_claimed=False):
-        released.append((rid, unless_claimed))
+    async def release_kv(rid, unless_claimed=False, later=False):
+        released.append((rid, unless_claimed, later))
         return False
 
     prefill.engine.release_kv = release_kv
@@ -336,4 +336,4 @@ async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_t
         if released:
             break
         await asyncio.sleep(0.01)
-    assert released == [("r1", True)]
+    assert released == [("r1", True, True)]

@@ -68,8 +68,10 @@ class DisaggCore:
     def claim_export(self, pin_id: str) -> None:
         self.exports.claim(pin_id)
 
-    def release_export(self, pin_id: str, unless_claimed: bool = False) -> bool:
-        seq = self.exports.release(pin_id, unless_claimed)
+    def release_export(
+        self, pin_id: str, unless_claimed: bool = False, later: bool = False
+    ) -> bool:
+        seq = self.exports.release(pin_id, unless_claimed, later)
         if seq is None:
             return False
         self.blocks.free(seq)
@@ -97,3 +99,8 @@ class DisaggCore:
             block_size=self.config.block_size,
             expires_in=self.exports.timeout,
         )
+        if self.exports.released_early(export.pin_id):
+            # The router's caller left before this answer and its release came first:
+            # nobody will pull these blocks. The answer still names the pin (a decode side
+            # that asks finds nothing pinned and prefills itself).
+            self.release_export(export.pin_id)

@@ -13,6 +13,7 @@ def core_metrics(core) -> dict[str, Any]:
         "kv_exports_pinned": len(core.exports),
         "kv_exports_released_total": core.exports.num_released,
         "kv_exports_expired_total": core.exports.num_expired,
+        "kv_exports_released_at_pin_total": core.exports.num_released_at_pin,
         "kv_imports_in_flight": len(core.importing),
         "preemptions_total": core.scheduler.num_preemptions,
     }

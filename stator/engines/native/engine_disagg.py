@@ -89,12 +89,14 @@ class DisaggServing:
         if self.agent is not None and disagg.prefill_request_id is not None:
             await self.agent.release(disagg.transfer, disagg.prefill_request_id)
 
-    async def release_kv(self, prefill_request_id: str, unless_claimed: bool = False) -> bool:
+    async def release_kv(
+        self, prefill_request_id: str, unless_claimed: bool = False, later: bool = False
+    ) -> bool:
         core = self.core
         if core is None or self._dead is not None:
             return False
         released = await self._between_steps(
-            lambda: core.release_export(prefill_request_id, unless_claimed)
+            lambda: core.release_export(prefill_request_id, unless_claimed, later)
         )
         self._after_change()
         return released

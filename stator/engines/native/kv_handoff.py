@@ -39,8 +39,13 @@ class ExportTable:
         self.timeout = timeout
         self.clock = clock
         self._exports: dict[str, Export] = {}
+        # Pin ids released before anything was pinned under them (`release(..., later=
+        # True)`: the router's caller left while the prefill ran) -> until when a pin made
+        # under one is dropped at once. In deadline order (one timeout for all).
+        self._released_early: dict[str, float] = {}
         self.num_expired = 0
         self.num_released = 0
+        self.num_released_at_pin = 0
 
     def __len__(self) -> int:
         return len(self._exports)
@@ -63,15 +68,39 @@ class ExportTable:
             export.claimed = True
             export.deadline = max(export.deadline, self.clock() + self.timeout)
 
-    def release(self, pin_id: str, unless_claimed: bool = False) -> Sequence | None:
+    def release(
+        self, pin_id: str, unless_claimed: bool = False, later: bool = False
+    ) -> Sequence | None:
         """The sequence whose blocks to free now, or None if nothing is pinned there (or,
-        `unless_claimed`, a decode agent is reading it: its own release will come)."""
+        `unless_claimed`, a decode agent is reading it: its own release will come).
+        `later`: when nothing is pinned there yet, a pin made under `pin_id` within the
+        timeout is released as it is made (`released_early`)."""
         export = self._exports.get(pin_id)
+        if export is None and later:
+            self._forget_old_early_releases()
+            self._released_early[pin_id] = self.clock() + self.timeout
         if export is None or (unless_claimed and export.claimed):
             return None
         del self._exports[pin_id]
         self.num_released += 1
         return export.seq
+
+    def released_early(self, pin_id: str) -> bool:
+        """Whether `pin_id` was released (`later`) before it was pinned, within the
+        timeout: its new pin is to go at once (counted in `num_released_at_pin`)."""
+        self._forget_old_early_releases()
+        if self._released_early.pop(pin_id, None) is None:
+            return False
+        self.num_released_at_pin += 1
+        return True
+
+    def _forget_old_early_releases(self) -> None:
+        now = self.clock()
+        while self._released_early:
+            pin_id, until = next(iter(self._released_early.items()))
+            if until > now:
+                return
+            del self._released_early[pin_id]
 
     def expire(self) -> list[Sequence]:
         """Sequences whose pins ran out (to free now)."""

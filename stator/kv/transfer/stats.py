@@ -6,6 +6,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+# Pulls that begin after at least this long with none in flight open a new window: the
+# span of a burst of pulls, first start to last end, is last_end - window_start.
+WINDOW_GAP_S = 0.25
+
 
 @dataclass
 class TransferStats:
@@ -27,17 +31,26 @@ class TransferStats:
     # per batch = transfers / copy_batches.
     copy_batches: float = 0.0
     in_flight: int = 0
+    # Wall-clock (time.time()) start of the current window of pulls and end of the last
+    # pull: bytes over (last_end - window_start) is a burst's rate with the gaps between
+    # its pulls counted, where busy time leaves them out.
+    window_start: float = 0.0
+    last_end: float = 0.0
     _busy_since: float = 0.0
 
     def begin(self) -> None:
         if self.in_flight == 0:
             self._busy_since = time.perf_counter()
+            now = time.time()
+            if now - self.last_end >= WINDOW_GAP_S:
+                self.window_start = now
         self.in_flight += 1
 
     def end(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:
             self.busy_seconds += time.perf_counter() - self._busy_since
+        self.last_end = time.time()
 
     def record(self, result: Any) -> None:
         self.transfers += 1
@@ -61,6 +74,8 @@ class TransferStats:
             "kv_transfer_copy_seconds_total": self.copy_seconds,
             "kv_transfer_busy_seconds_total": self.busy_seconds,
             "kv_transfer_copy_batches_total": self.copy_batches,
+            "kv_transfer_window_start_time": self.window_start,
+            "kv_transfer_last_end_time": self.last_end,
             "kv_transfer_fallbacks_total": self.fallbacks,
             "kv_transfer_last_gbps": self.last_gbps,
         }

@@ -146,6 +146,40 @@ async def test_unpulled_pins_expire_and_release_frees_at_once(engines):
     assert used(prefill) == 0 and await prefill.release_kv("y") is False
 
 
+async def test_a_release_that_comes_before_the_pin_drops_the_pin_as_it_is_made(engines):
+    """The router's caller left while the prefill ran: its release (`later`) reached the
+    prefill worker before the prefill pinned anything. The pin that follows goes at once,
+    not at its timeout; one without `later` is left to its reader."""
+    prefill = await engines("prefill", "tcp", timeout=60)
+    assert await prefill.release_kv("z", unless_claimed=True, later=True) is False
+    final = (await collect(prefill, prefill_request(request("z", prompt(3, 40), 4))))[-1]
+    assert is_handoff(final)  # the answer still says where (a reader finds nothing)
+    assert used(prefill) == 0 and prefill.core.pinned("z") is None
+    gauges = prefill.metrics()
+    assert gauges["kv_exports_released_at_pin_total"] == 1
+    assert gauges["kv_exports_pinned"] == 0 and gauges["kv_exports_expired_total"] == 0
+    assert await prefill.release_kv("w", unless_claimed=True) is False
+    await collect(prefill, prefill_request(request("w", prompt(4, 40), 4)))
+    assert used(prefill) == 3 and prefill.core.pinned("w") is not None
+
+
+async def test_the_kv_release_admin_op_passes_later_and_refuses_a_flag_that_is_not_bool(
+    engines,
+):
+    from stator.protocols import AdminRequest
+    from stator.worker.admin import AdminOps
+
+    prefill = await engines("prefill", "tcp", timeout=60)
+    ops = AdminOps(prefill)
+    bad = await ops.handle(AdminRequest(op="kv_release", args={"id": "v", "later": "yes"}))
+    assert not bad.ok and "'later' must be true or false" in bad.error
+    args = {"id": "v", "unless_claimed": True, "later": True}
+    answer = await ops.handle(AdminRequest(op="kv_release", args=args))
+    assert answer.ok and answer.result is False  # nothing pinned yet
+    await collect(prefill, prefill_request(request("v", prompt(5, 40), 4)))
+    assert used(prefill) == 0 and prefill.core.exports.num_released_at_pin == 1
+
+
 @pytest.mark.parametrize("kind", ["tcp", NIXL])
 async def test_a_failed_pull_computes_the_prompt_on_the_decode_side(engines, kind):
     agg = await engines("aggregated")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from stator.kv.transfer.result import PullResult
-from stator.kv.transfer.stats import TransferStats
+from stator.kv.transfer.stats import WINDOW_GAP_S, TransferStats
 
 
 def test_busy_time_is_the_union_of_overlapping_pulls():
@@ -33,3 +33,21 @@ def test_coalesced_pulls_count_one_copy_batch_between_them():
     stats.record(PullResult("ipc", 100, 1, 0.001))
     gauges = stats.gauges()
     assert gauges["kv_transfers_total"] == 5 and gauges["kv_transfer_copy_batches_total"] == 2
+
+
+def test_window_spans_a_burst_gaps_included_and_a_quiet_gap_opens_a_new_one():
+    stats = TransferStats()
+    stats.begin()
+    first = stats.window_start
+    stats.end()
+    time.sleep(0.03)  # a short gap inside the burst: same window, not busy
+    stats.begin()
+    stats.end()
+    gauges = stats.gauges()
+    assert gauges["kv_transfer_window_start_time"] == first
+    span = gauges["kv_transfer_last_end_time"] - first
+    assert span >= 0.03 > stats.busy_seconds
+    time.sleep(WINDOW_GAP_S + 0.01)
+    stats.begin()
+    assert stats.window_start > stats.last_end >= first
+    stats.end()
