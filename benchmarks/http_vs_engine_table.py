@@ -3,6 +3,14 @@
 
 from __future__ import annotations
 
+from step_ledger import format_ledger
+
+
+def runs_of(results: dict, profile: str) -> list[str]:
+    """The keys of an engine's runs of `profile`: the profile, or one per admission order
+    (`<profile>_fcfs`, `<profile>_lof`: `--policies`)."""
+    return [k for k in results if k == profile or k in (f"{profile}_fcfs", f"{profile}_lof")]
+
 
 def print_table(res: dict, profiles: list[str], variants: list[str], concurrency: int) -> None:
     rates = res["rates"]
@@ -59,8 +67,8 @@ def print_table(res: dict, profiles: list[str], variants: list[str], concurrency
         # The reference: the engine alone's better mode.
         e = max((r for _, r in runs), key=lambda r: r["output_tok_s"], default=None)
         for name, v in res.get("engine_variants", {}).items():
-            if profile in v:
-                runs.append((f"{name}, all at once", v[profile]))
+            for key in runs_of(v, profile):
+                runs.append((f"{name}{key.removeprefix(profile)}, all at once", v[key]))
         e = e or (runs[0][1] if runs else None)  # without the default engine: the first
         for label, r in runs:
             print(
@@ -118,7 +126,7 @@ def print_steps(res: dict, profiles: list[str]) -> None:
     """The engine alone's runs step by step (`step_profile.py`)."""
     engines = {"default": res.get("engine", {}), **res.get("engine_variants", {})}
     for name, r in engines.items():
-        for profile in profiles:
+        for profile in (key for p in profiles for key in runs_of(r, p)):
             s = r.get(profile, {}).get("steps")
             if not s:
                 continue
@@ -127,6 +135,8 @@ def print_steps(res: dict, profiles: list[str]) -> None:
                 f"host waiting on the device {100 * s['device_wait_share']:.0f}% of it; "
                 f"threads: {r[profile].get('threads_cpu_pct')}"
             )
+            if "ledger" in r[profile]:
+                print(format_ledger(r[profile]["ledger"]))
             print(
                 "| steps | count | s | ms/step (p50, max) | device wait ms | seqs | tokens "
                 "| tok/s out |"

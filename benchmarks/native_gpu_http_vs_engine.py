@@ -20,7 +20,10 @@ decode tok/s, the decode step at batch 256, and mixed steps in isolation (16 / 6
 decodes plus one new 128-token prompt each step) with the GPU's busy fraction over them.
 `--engine-variant NAME=JSON` times the engine alone again with other `NativeConfig` fields
 (e.g. eager mixed steps: `{"cudagraph_mode": "full_decode_only"}`; admission order:
-`lof={"scheduling_policy": "lof"}` with `--skip-variant-mixed`).
+`lof={"scheduling_policy": "lof"}` with `--skip-variant-mixed`); its "_bench" key holds
+what is not a config field: {"env": {...}} for the engine's process, {"unfreeze_gc": true}
+(the collector as before `EngineCore` froze its start-up heap). Each run of the engine
+alone also prints its per-step ledger (`step_ledger.py`) and saves its rows under --out.
 
     python benchmarks/native_gpu_http_vs_engine.py [--num-requests 1000] \\
         [--variant "default=" --variant "api2=--api-server-count 2"] \\
@@ -34,6 +37,7 @@ decodes plus one new 128-token prompt each step) with the GPU's busy fraction ov
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -55,6 +59,7 @@ from native_gpu import drain, request  # noqa: E402
 from native_gpu_serve import make_8b_dir  # noqa: E402
 from serving_workloads import PROFILES, device_rates, floor  # noqa: E402
 from stator_http import BUNDLED, CONCURRENCY, http_bench, start_server  # noqa: E402
+from step_ledger import format_ledger, ledger  # noqa: E402
 from step_profile import (  # noqa: E402
     StepProfile,
     busiest_threads,
@@ -74,6 +79,14 @@ def workload(args: argparse.Namespace, profile: str) -> list[tuple[int, int]]:
 
 def model_dir(root: Path, tiny: bool) -> Path:
     return BUNDLED if tiny else make_8b_dir(root)
+
+
+def model_config(mdir: Path) -> dict:
+    """The model's config.json with the fields the floor reads filled in."""
+    cfg = json.loads((mdir / "config.json").read_text())
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    return cfg
 
 
 # -- the engine alone (a subprocess: its GPU memory is gone before a server starts) --------
@@ -96,6 +109,8 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     }
     config = NativeConfig(**{**fields, **json.loads(args.engine_config)})
     core = EngineCore(config, mdir)
+    if args.unfreeze_gc:  # as before the engine froze its start-up heap (an A/B baseline)
+        gc.unfreeze()
     vocab = core.spec.vocab_size
     rng = random.Random(7)
 
@@ -133,13 +148,26 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             "threads_cpu_pct": busiest_threads(threads, thread_cpu(), secs),
         }
 
-    def profiled_run(name: str) -> dict:
-        """Every request of the profile added at once, stepped until done, step by step."""
-        for i, (isl, osl) in enumerate(workload(args, name)):
-            core.add_request(req(f"{name}-{i}", isl, osl))
-        steps.records = []
+    cfg = model_config(mdir)
+    rates = json.loads(args.rates) if args.rates else None
+
+    def profiled_run(name: str, label: str = "") -> dict:
+        """Every request of the profile added at once, stepped until done, step by step;
+        with the parent's device rates, the run's ledger (`step_ledger`), its rows saved
+        as ledger_<label>.json under --out."""
+        lengths = workload(args, name)
+        for i, (isl, osl) in enumerate(lengths):
+            core.add_request(req(f"{name}-{label}-{i}", isl, osl))
+        steps.reset()
         out = timed(lambda: drain(core, steps.step))
+        steps.device_times()
         out["steps"] = steps.summary()
+        if rates is not None:
+            led = ledger(steps.records, cfg, rates, floor(lengths, cfg, rates, CONCURRENCY))
+            out["ledger"] = {"classes": led["classes"], "totals": led["totals"]}
+            print(f"LEDGER {label or name}\n{format_ledger(led)}", flush=True)
+            path = Path(args.out) / f"ledger_{label or name}.json"
+            path.write_text(json.dumps(led["rows"]))
         return out
 
     ids = itertools.count()
@@ -195,8 +223,12 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             res[f"mixed_step_ms_{decodes}_plus_{prompt_len}"] = r.pop("ms")
             res[f"gpu_busy_{decodes}_plus_{prompt_len}"] = r
     print("MIXED " + json.dumps(res), flush=True)
-    for name in args.profiles if args.profiles_only else ():
-        res[name] = profiled_run(name)
+    for policy in args.policies or [config.scheduling_policy]:
+        # One engine, each admission order in turn (the scheduler reads it every step).
+        core.scheduler.policy = policy
+        for name in args.profiles if args.profiles_only else ():
+            key = name if not args.policies else f"{name}_{policy}"
+            res[key] = profiled_run(name, f"{args.label}{key}")
     if args.profiles_only:
         print("ENGINE-ALONE " + json.dumps(res), flush=True)
         return
@@ -228,7 +260,7 @@ def engine_alone_main(args: argparse.Namespace) -> None:
     drain(core)
     for name in args.profiles:
         lengths = workload(args, name)
-        res[name] = profiled_run(name)
+        res[name] = profiled_run(name, f"{args.label}{name}")
         if not args.closed_loop:
             continue
         # The same requests, at most CONCURRENCY in the engine at once (as the HTTP load
@@ -244,15 +276,29 @@ def engine_alone(
     config: str = "{}",
     profiles_only: bool = False,
     profiles: list[str] | None = None,
+    rates: dict | None = None,
+    label: str = "",
+    env: dict | None = None,
+    unfreeze_gc: bool = False,
 ) -> dict:
     cmd = [sys.executable, __file__, "--engine-alone", "--device", args.device]
+    cmd += ["--out", args.out, "--label", label]
+    cmd += ["--rates", json.dumps(rates)] if rates else []
+    cmd += ["--policies", *args.policies] if profiles_only and args.policies else []
     cmd += ["--num-requests", str(args.num_requests), "--profiles", *(profiles or args.profiles)]
     cmd += ["--tiny"] if args.tiny else []
     cmd += ["--closed-loop"] if args.closed_loop else []
     cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
     cmd += ["--no-mixed"] if profiles_only and args.skip_variant_mixed else []
     with log.open("wb") as handle:
-        subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT, check=False, cwd=REPO)
+        subprocess.run(
+            cmd + (["--unfreeze-gc"] if unfreeze_gc else []),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            check=False,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
     text = log.read_text(errors="replace")
     m = re.search(r"^ENGINE-ALONE (.*)$", text, re.M)
     if not m:
@@ -304,7 +350,17 @@ def main() -> None:
         help="the profiles each HTTP variant serves (default: --profiles)",
     )
     ap.add_argument("--skip-http", action="store_true", help="the engine alone only")
+    ap.add_argument(
+        "--policies",
+        nargs="+",
+        choices=("fcfs", "lof"),
+        help="engine variants run each profile under each admission order in turn, one "
+        "engine (results '<profile>_<policy>'; default: the variant's own policy, once)",
+    )
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rates", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--unfreeze-gc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--label", default="", help=argparse.SUPPRESS)
     ap.add_argument("--engine-config", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--profiles-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-mixed", action="store_true", help=argparse.SUPPRESS)
@@ -319,18 +375,30 @@ def main() -> None:
     res: dict = {"rates": device_rates(args.device), "http": {}}
     tmp = Path(tempfile.mkdtemp())
     mdir = model_dir(tmp, args.tiny)
-    cfg = json.loads((mdir / "config.json").read_text())
-    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    cfg = model_config(mdir)
     res["floor"] = {
         name: floor(workload(args, name), cfg, res["rates"], CONCURRENCY) for name in args.profiles
     }
     if not args.skip_engine:
-        res["engine"] = engine_alone(args, out / "engine_alone.log", profiles=args.engine_profiles)
+        res["engine"] = engine_alone(
+            args, out / "engine_alone.log", profiles=args.engine_profiles, rates=res["rates"]
+        )
         print("engine alone:", json.dumps(res["engine"]), flush=True)
     for name, config in (v.partition("=")[::2] for v in args.engine_variant):
         log = out / f"engine_alone_{name}.log"
-        r = engine_alone(args, log, config, profiles_only=True, profiles=args.engine_profiles)
+        fields = json.loads(config or "{}")
+        bench = fields.pop("_bench", {})
+        r = engine_alone(
+            args,
+            log,
+            json.dumps(fields),
+            True,
+            args.engine_profiles,
+            res["rates"],
+            label=f"{name}_",
+            env=bench.get("env", {}),
+            unfreeze_gc=bench.get("unfreeze_gc", False),
+        )
         res.setdefault("engine_variants", {})[name] = r
         print(f"engine alone {name}:", json.dumps(r), flush=True)
         (out / "http_vs_engine.json").write_text(json.dumps(res, indent=1))

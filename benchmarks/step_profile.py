@@ -4,14 +4,21 @@
 many sequences, tokens, prompt tokens), its wall time, the part of it the host spent
 waiting for the device (the overlapped read-back of sampled tokens: a step that waits
 little was bound by the host, not the GPU), the tokens it emitted and whether prompts
-were still queued. `summary()` groups the steps by kind (pure decode or mixed), by batch
-size, and the tail after the queue emptied, where batches only shrink. `thread_cpu()`
-reads each thread's CPU time from /proc (which thread takes a process past 100%).
+were still queued; for the per-step ledger (`step_ledger.py`): what it computes
+(`step_work`: decodes and the KV context they read, prompt tokens and their attention
+pairs), how it ran (a decode graph, piecewise graphs or eagerly), its device time and the
+GPU's idle gap before it (CUDA events, `device_times()`), the host's time in the forward
+pass's call and in Python's garbage collector. It drains the core's KV events after each
+step, as the engine core's process does. `summary()` groups the steps by kind (pure
+decode or mixed), by batch size, and the tail after the queue emptied, where batches only
+shrink. `thread_cpu()` reads each thread's CPU time from /proc (which thread takes a
+process past 100%).
 `gpu_busy(run)`: the GPU's busy fraction over `run` from torch.profiler (short runs only).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from pathlib import Path
@@ -26,12 +33,26 @@ class StepProfile:
         self.core = core
         self.records: list[dict] = []
         self._batch = None
+        self._shape: tuple = ((), (), ())
+        self._mode = "none"
         self._wait = 0.0
+        self._cuda = core.runner.device.type == "cuda"
+        self._events: list[tuple] = []  # (start, end) CUDA events of each record
+        self._begin = None  # the CUDA event before this step's forward pass
+        self._launch = 0.0
+        self._gc = [0.0, 0, 0.0]  # seconds in collections, full ones, when one began
+        gc.callbacks.append(self._on_gc)
         schedule = core.scheduler.schedule
 
         def recording_schedule():
-            self._batch = schedule()
-            return self._batch
+            batch = self._batch = schedule()
+            # Before the step runs: what each sequence has computed and will compute.
+            self._shape = (
+                [s.num_computed_tokens for s in batch.seqs],
+                [s.num_prompt_tokens for s in batch.seqs],
+                list(batch.num_new_tokens),
+            )
+            return batch
 
         core.scheduler.schedule = recording_schedule
         tokens = overlap.PendingStep.tokens
@@ -44,27 +65,110 @@ class StepProfile:
                 self._wait += time.perf_counter() - start
 
         overlap.PendingStep.tokens = timed_tokens
+        runner = core.runner
+        for attr, mode in (("graphs", "graph"), ("piecewise", "pieces")):
+            graphs = getattr(runner, attr)
+            if graphs is not None:
+                graphs.run = self._noting(graphs.run, mode)
+        execute = runner.execute
+
+        def timed_execute(inputs):
+            # The forward pass starts here: before it, the host scheduled and prepared.
+            if self._cuda:
+                import torch
+
+                self._begin = torch.cuda.Event(enable_timing=True)
+                self._begin.record()
+            start = time.perf_counter()
+            try:
+                return execute(inputs)
+            finally:
+                self._launch += time.perf_counter() - start
+
+        runner.execute = timed_execute
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc[2] = time.perf_counter()
+            return
+        self._gc[0] += time.perf_counter() - self._gc[2]
+        self._gc[1] += info.get("generation") == 2
+
+    def reset(self) -> None:
+        """Forget the steps recorded so far (a new run begins)."""
+        self.records = []
+        self._events = []
+
+    def _noting(self, run, mode: str):
+        def noted(*args, **kwargs):
+            self._mode = mode
+            return run(*args, **kwargs)
+
+        return noted
 
     def step(self) -> list:
         queued = bool(self.core.scheduler.waiting)
         wait0, start = self._wait, time.perf_counter()
+        gc0, full0 = self._gc[0], self._gc[1]
         self._batch = None
+        self._shape = ((), (), ())
+        self._mode = "eager"
+        self._begin = None
+        self._launch = 0.0
         outputs = self.core.step()
+        # As the engine core's process does after each step: left undrained, a run's KV
+        # events pile up (tens of thousands) and each full collection walks them all.
+        self.core.drain_kv_events()
         wall = time.perf_counter() - start
+        end = None
+        if self._begin is not None:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        self._events.append((self._begin, end))
         batch = self._batch
         news = batch.num_new_tokens if batch else []
-        self.records.append(
-            {
-                "seqs": len(news),
-                "tokens": sum(news),
-                "prompt_tokens": sum(n for n in news if n > 1),
-                "wall": wall,
-                "wait": self._wait - wait0,
-                "emitted": sum(len(out.token_ids) for _, out in outputs),
-                "queued": queued,
-            }
-        )
+        rec = {
+            "seqs": len(news),
+            "tokens": sum(news),
+            "prompt_tokens": sum(n for n in news if n > 1),
+            "wall": wall,
+            "wait": self._wait - wait0,
+            "emitted": sum(len(out.token_ids) for _, out in outputs),
+            "queued": queued,
+            "mode": self._mode if news else "none",
+            "launch": self._launch,  # the host's time in the forward pass's call
+            "gc": self._gc[0] - gc0,  # the host's time in Python's cyclic collector
+            "gc_full": self._gc[1] - full0,  # full (generation 2) collections
+            **step_work(*self._shape),
+        }
+        self.records.append(rec)
         return outputs
+
+    def device_times(self) -> None:
+        """Fill each record's `device` (seconds from the GPU reaching the step's forward
+        pass to finishing its sampling, idle stretches inside included: an eager step bound
+        by its launches shows here) and `gap` (seconds the GPU sat idle between the last
+        step's end and this forward pass: the host scheduled and prepared late). Without
+        CUDA: the wall time, no gaps. Call after the run (it waits for the device)."""
+        if not self._cuda:
+            for r in self.records:
+                r["device"], r["gap"] = r["wall"], 0.0
+            return
+        import torch
+
+        torch.cuda.synchronize()
+        prev = None
+        for rec, (begin, end) in zip(self.records, self._events, strict=True):
+            rec["device"] = rec["gap"] = 0.0
+            if begin is None:
+                continue
+            rec["device"] = begin.elapsed_time(end) / 1e3
+            # Negative when the forward pass queued behind the last step's work.
+            rec["gap"] = max(0.0, prev.elapsed_time(begin) / 1e3) if prev is not None else 0.0
+            prev = end
+        self._events = []
 
     def summary(self) -> dict:
         recs = self.records
@@ -86,6 +190,30 @@ class StepProfile:
         last_queued = max((i for i, r in enumerate(recs) if r["queued"]), default=-1)
         out["tail_after_queue_empty"] = _group(recs[last_queued + 1 :])
         return out
+
+
+def step_work(computed: list[int], prompt: list[int], news: list[int]) -> dict:
+    """What a step computes, from each scheduled sequence's tokens computed before it, its
+    prompt length and its new tokens (the fields `step_ledger` prices): a sequence past its
+    prompt that computes one token decodes (it reads its `computed` earlier positions);
+    any other computes prompt tokens (a chunk, or a preempted sequence's recompute)."""
+    decodes = kv_context = prefill = ended = pairs = 0
+    for c, p, n in zip(computed, prompt, news, strict=True):
+        if n == 1 and c >= p:
+            decodes += 1
+            kv_context += c
+            continue
+        prefill += n
+        ended += c + n >= p
+        # Causal pairs of positions c .. c + n - 1, each attending to itself and before.
+        pairs += n * c + n * (n + 1) // 2
+    return {
+        "decodes": decodes,
+        "kv_context": kv_context,
+        "prefill_tokens": prefill,
+        "prompts_ended": ended,
+        "attn_pairs": pairs,
+    }
 
 
 def _group(recs: list[dict]) -> dict:

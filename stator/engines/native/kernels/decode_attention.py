@@ -17,6 +17,7 @@ split length adapts to each sequence's length inside the kernel.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -155,10 +156,35 @@ def _decode_merge_kernel(
     )
 
 
+#: Programs per SM `default_num_splits` aims at (env STATOR_DECODE_PROGRAMS_PER_SM). 2:
+#: the GPU filled about twice. More splits would serve mid batches of long sequences (see
+#: `num_splits_for`), but 16 is not measured on a whole run yet, so the default stays.
+PROGRAMS_PER_SM = int(os.environ.get("STATOR_DECODE_PROGRAMS_PER_SM", "2"))
+
+
 def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
-    """Enough programs to fill the GPU about twice, no split shorter than one tile."""
+    """`num_splits_for` on this device's SM count."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    by_occupancy = max(1, (2 * sms) // max(1, batch * num_kv_heads))
+    return num_splits_for(batch, num_kv_heads, max_seq_len, sms)
+
+
+def num_splits_for(
+    batch: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    sms: int,
+    programs_per_sm: int | None = None,
+) -> int:
+    """About `programs_per_sm` (default PROGRAMS_PER_SM) programs per SM, no split shorter
+    than one tile, a power of two up to 32. Why more than one wave may pay: a program walks
+    its sequence's share tile by tile, so with one split per sequence the longest sequence
+    of the batch sets the step's time. On an H100 run of ShareGPT-like lengths
+    (`benchmarks/step_ledger.py`, 2026-11-28), decode steps of 9-32 sequences at ~1,300
+    tokens each took 142 ms per million tokens of context (44 at the copy rate) with 2
+    programs per SM, which gives one split from 17 sequences up; batches of 256 read their
+    KV at the copy rate."""
+    per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+    by_occupancy = max(1, (per_sm * sms) // max(1, batch * num_kv_heads))
     by_length = max(1, math.ceil(max_seq_len / BLOCK_N))
     # A power of two: NUM_SPLITS is a constexpr, so each value is a compile; eager mixed
     # steps would otherwise meet any of 1..32 (kernel_warmup.py compiles all six).
