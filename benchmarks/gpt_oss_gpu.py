@@ -101,7 +101,8 @@ def timed(fn, n: int) -> float:
 
 # Streaming kernels: (path, (BLOCK_N, groups of 32 per step, warps)) for mxfp4, "half2" the
 # fp16-pair dots (moe_half2.py), "mxfp4" the float32 ones; bf16 (BLOCK_N, BLOCK_K, warps).
-# Grouped GEMMs: (MXFP4 mode, (tile M, N, K, warps, stages)); "words" tiles need K >= 128
+# Grouped GEMMs: (MXFP4 mode, (tile M, N, K, warps, stages)); "words" and "bits" tiles need
+# K >= 128
 # (fused_moe.WORD_CONFIGS), the others K dividing 2,880 (fused_moe.CONFIGS).
 GEMV_SWEEP = {
     "mxfp4": [
@@ -116,13 +117,15 @@ GEMV_SWEEP = {
     "bf16": [(8, 256, 4), (4, 256, 4)],
 }
 GEMM_SWEEP = {
-    64: [("words", (16, 64, 128, 4, 3)), ("scaled", (16, 64, 64, 4, 3))],
-    256: [("words", (32, 64, 128, 4, 3)), ("scaled", (64, 64, 64, 4, 3)),
-          ("scaled", (32, 64, 64, 4, 3))],
-    512: [("scaled", (64, 64, 64, 4, 3)), ("scaled", (128, 64, 64, 4, 3)),
-          ("scaled", (128, 128, 64, 8, 3))],
-    2048: [("scaled", (128, 64, 64, 4, 3)), ("scaled", (128, 128, 64, 8, 3)),
-           ("scaled", (64, 64, 64, 4, 3))],
+    256: [("scaled", (64, 64, 64, 4, 3)), ("words", (32, 64, 128, 4, 3)),
+          ("bits", (32, 64, 128, 4, 3)), ("bits", (32, 64, 128, 4, 4)),
+          ("bits", (32, 64, 256, 4, 3)), ("bits", (32, 64, 128, 2, 3)),
+          ("bits", (16, 64, 128, 2, 3)), ("bits", (32, 32, 128, 2, 3))],
+    512: [("scaled", (64, 64, 64, 4, 3)), ("bits", (32, 64, 128, 4, 3)),
+          ("bits", (64, 64, 128, 4, 3))],
+    64: [("words", (16, 64, 128, 4, 3)), ("bits", (16, 64, 128, 2, 3)),
+         ("bits", (16, 128, 128, 8, 3))],
+    2048: [("scaled", (128, 64, 64, 4, 3)), ("bits", (64, 128, 128, 8, 3))],
 }  # fmt: skip
 
 
@@ -224,6 +227,10 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
             gemm_cfg, configs, lambda t=tokens: moe(xs[t]), 10, checker(xs[tokens])
         )
         res["sweep_us"][tokens], res["best"][tokens] = times, best[1]
+        # The floor: every expert some token routes to (expected count, uniform routing)
+        # read once at the copy bandwidth.
+        touched = experts * (1 - (1 - 4 / experts) ** tokens)
+        res.setdefault("floor_us", {})[tokens] = round(touched * per_expert / bandwidth * 1e6, 1)
         for cfg in configs:  # each mode's best tile of this size stays in its table
             mode_times = {str(c): times[str(c)] for c in configs if c[0] == cfg[0]}
             ok = {k: v for k, v in mode_times.items() if not isinstance(v, str)}
@@ -237,8 +244,8 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
     if gemm_only:  # the best mode of each size installed (the engine runs that follow)
         moe_dequant.MIN_PAIRS = saved_min_pairs
         fm.MODES = install_best_modes(best_mode)
-        res["installed"] = {"modes": fm.MODES,
-                            "scaled": fm.SCALED_CONFIGS, "words": fm.WORD_CONFIGS}  # fmt: skip
+        res["installed"] = {"modes": fm.MODES, "scaled": fm.SCALED_CONFIGS,
+                            "words": fm.WORD_CONFIGS, "bits": fm.BITS_CONFIGS}  # fmt: skip
         return res
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)

@@ -78,10 +78,11 @@ def test_half2_streaming_kernels_match_the_reference(monkeypatch, tokens, size):
     assert errors[True] < 1e-2 and errors[False] < 1e-2, errors
 
 
-@pytest.mark.parametrize("mode", ["words", "bytes", "scaled"])
+@pytest.mark.parametrize("mode", ["words", "bytes", "scaled", "bits"])
 @pytest.mark.parametrize("tokens", [40, 300, 1500])
 def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
-    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled (expansion off)."""
+    """The MXFP4 grouped GEMMs: word-wise, byte-wise, tl.dot_scaled, bit-wise (expansion
+    off)."""
     from stator.engines.native.kernels import fused_moe as fm
     from stator.engines.native.kernels import moe_dequant
 
@@ -93,6 +94,35 @@ def test_packed_grouped_gemms_match_the_reference(monkeypatch, mode, tokens):
     ours = fm.fused_moe(x, weights, ids, moe).float()
     ref = moe._reference(x, weights, ids).float()
     assert ((ours - ref).norm() / ref.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("tokens", [40, 256, 1500])
+def test_bitwise_grouped_gemms_equal_the_word_wise_ones(monkeypatch, tokens):
+    """The "bits" mode (mxfp4_bf16.py: bf16 by bit operations, `mul.rn.bf16x2` for the
+    scale) gives the same output bit for bit with its inline PTX and without (the fp16
+    route), for scale bytes from 100 to 160 (the multiply's subnormal inputs included):
+    both dequantize to the exact values; and the word-wise mode's up to rounding (its dots
+    add in another order)."""
+    from stator.engines.native.kernels import fused_moe as fm
+    from stator.engines.native.kernels import moe_dequant, mxfp4_bf16
+
+    monkeypatch.setattr(moe_dequant, "MIN_PAIRS", 0)
+    moe = _moe(True)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for s in (moe.w13_scales, moe.w2_scales):
+        s.copy_(torch.randint(100, 161, s.shape, generator=g, device="cuda", dtype=torch.uint8))
+    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+    weights, ids = moe.route(x)
+    outs = {}
+    for mode, asm in (("words", True), ("bits", True), ("bits", False)):
+        monkeypatch.setattr(fm, "MXFP4_GEMM", mode)
+        monkeypatch.setattr(mxfp4_bf16, "BITS_ASM", asm)
+        outs[(mode, asm)] = fm.fused_moe(x, weights, ids, moe)
+    assert torch.equal(outs[("bits", True)], outs[("bits", False)])
+    words = outs[("words", True)].float()
+    assert ((outs[("bits", True)].float() - words).norm() / words.norm()) < 1e-3
+    ref = moe._reference(x, weights, ids).float()
+    assert ((outs[("bits", True)].float() - ref).norm() / ref.norm()) < 2e-2
 
 
 @pytest.mark.parametrize(("pairs", "local", "block_m"), [(1024, 32, 32), (32768, 32, 128),

@@ -1,5 +1,5 @@
-"""GPT-OSS's MoE kernels (router, streaming decode kernels, grouped GEMMs byte- and
-word-wise, the expanded prefill path; the one-launch expert sort) run by Triton's
+"""GPT-OSS's MoE kernels (router, streaming decode kernels, grouped GEMMs byte-, word- and
+bit-wise, the expanded prefill path; the one-launch expert sort) run by Triton's
 interpreter on the CPU in float32, against the PyTorch reference, in tiny shapes: 5 or 6
 experts, top-3 and top-4, a hidden size that no 128-value step divides, another
 tensor-parallel rank's experts."""
@@ -61,7 +61,8 @@ with torch.no_grad():
         xs = torch.randn(40, 96)  # grouped GEMMs: pairs above GEMV_MAX_PAIRS
         ws, is_ = moe.route(xs)
         ref = moe._reference(xs, ws, is_)
-        for mode in ("words", "bytes"):  # (tl.dot_scaled: no interpreter support)
+        # (tl.dot_scaled: no interpreter support)
+        for mode in ("words", "bytes", "bits"):
             fm.MXFP4_GEMM = mode
             close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
         if packed:
@@ -131,3 +132,37 @@ print("ok")
 def test_one_launch_alignment_equals_the_torch_ops_in_the_interpreter():
     """moe_align.align against align_reference, element for element."""
     run_interpreted(_ALIGN_CHECK, timeout=300)
+
+
+_BF16_BITS_CHECK = r"""
+import torch
+import triton
+import triton.language as tl
+from stator.engines.native import mxfp4
+from stator.engines.native.kernels.mxfp4_bf16 import e2m1_bf16_bits
+
+
+@triton.jit
+def bits_kernel(w_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    w = tl.load(w_ptr + i).to(tl.uint32, bitcast=True)
+    for q in tl.static_range(4):
+        tl.store(out_ptr + i * 4 + q, e2m1_bf16_bits(w, q).to(tl.int32, bitcast=True))
+
+
+blocks = torch.arange(256, dtype=torch.uint8).reshape(16, 16)  # every byte, every nibble pair
+out = torch.zeros(64 * 4, dtype=torch.int32)
+bits_kernel[(1,)](blocks.view(torch.int32).reshape(-1), out, N=64)
+# [word, q, half] -> value 8w + 4 * half + q; bf16 bits are the value times 2^-126
+got = out.view(torch.bfloat16).double().reshape(64, 4, 2).permute(0, 2, 1).reshape(-1) * 2.0**126
+want = mxfp4.dequantize(blocks, torch.full((16,), 127, dtype=torch.uint8), torch.float64)
+assert torch.equal(got, want), (got - want).abs().max()
+assert torch.equal(torch.signbit(got), torch.signbit(want))  # -0 stays -0
+print("ok")
+"""
+
+
+def test_e2m1_to_bf16_bits_equal_the_mxfp4_table_in_the_interpreter():
+    """mxfp4_bf16.e2m1_bf16_bits (the GPU's bit-wise conversion, before the scale) gives
+    every nibble's table value times 2^-126, the subnormal 0.5 and -0 included."""
+    run_interpreted(_BF16_BITS_CHECK, timeout=120)

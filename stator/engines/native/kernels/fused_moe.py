@@ -10,12 +10,15 @@ program, + biases, clamped SwiGLU, written per pair [T * k, I]. Down kernel, gri
 block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [T * k, H];
 the k pairs of a token are summed after (deterministic, no atomics).
 MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers:
-read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by Triton's
-`tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode) `moe_gemv.py`
-streams the weights, and large prefills expand them first (`moe_dequant.py`).
+converted to bf16 by bit operations with the weight as the MMA's left operand
+(`mxfp4_bf16.py`), read as 32-bit words (`_words_dot`), byte by byte (`_tile_dot`), or by
+Triton's `tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode)
+`moe_gemv.py` streams the weights, and large prefills expand them first (`moe_dequant.py`).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -23,6 +26,14 @@ import triton.language as tl
 
 from stator.engines.native.kernels.moe_align import align
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
+from stator.engines.native.kernels.mxfp4_bf16 import (
+    BITS_CONFIGS,
+    bits_dot,
+    pair_column,
+    pair_order,
+    unscale,
+    use_asm,
+)
 
 
 @triton.jit
@@ -63,6 +74,7 @@ def _words_dot(
 def _tile_dot(
     acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, stride_n, s_stride_n,
     BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     """acc [M, N] += A[a_rows, k0:k0 + BLOCK_K] @ W[n_idx, k0:k0 + BLOCK_K]^T, W one
     expert's [N, K] (w_ptr, s_ptr already at the expert). The weight tile is loaded as
@@ -73,6 +85,9 @@ def _tile_dot(
     if PACKED and MX == 1:
         acc = _words_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
                          s_stride_n, BLOCK_K, PRECISION)  # fmt: skip
+    elif PACKED and MX == 3:  # acc [N, M], times 2^-OFFSET: the kernels `unscale` it
+        acc = bits_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
+                       s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
     elif PACKED and MX == 2:  # Triton's own MXFP4 dot (emulated on Hopper: upcast to bf16)
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)
@@ -118,10 +133,11 @@ def _tile_dot(
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    num_pairs, inter, hidden, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
+    num_pairs, inter: tl.constexpr, hidden: tl.constexpr, stride_x, stride_e, stride_n, s_stride_e, s_stride_n,
     alpha, limit,
     TOP_K: tl.constexpr, LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -135,13 +151,17 @@ def _moe_up_kernel(
     dtype = out_ptr.dtype.element_ty
     w = w_ptr + e * stride_e
     sp = s_ptr + e * s_stride_e
-    acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    SWAPPED: tl.constexpr = PACKED and MX == 3  # bits_dot: [N, M] until the epilogue
+    acc_g = tl.zeros([BLOCK_N, BLOCK_M] if SWAPPED else [BLOCK_M, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_M] if SWAPPED else [BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         acc_g = _tile_dot(acc_g, x_ptr, a_rows, row_ok, w, sp, n, n_ok, k0, hidden, stride_n,
-                          s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+                          s_stride_n, BLOCK_K, PACKED, MX, PRECISION, ASM)  # fmt: skip
         acc_u = _tile_dot(acc_u, x_ptr, a_rows, row_ok, w, sp, n + inter, n_ok, k0, hidden,
-                          stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+                          stride_n, s_stride_n, BLOCK_K, PACKED, MX, PRECISION, ASM)  # fmt: skip
+    if SWAPPED:
+        acc_g = tl.trans(unscale(acc_g))
+        acc_u = tl.trans(unscale(acc_u))
     bg = tl.load(b_ptr + e * 2 * inter + n, mask=n_ok, other=0.0).to(tl.float32)
     bu = tl.load(b_ptr + e * 2 * inter + inter + n, mask=n_ok, other=0.0).to(tl.float32)
     # Rounded to the model dtype as an unfused matmul's output would be.
@@ -150,8 +170,13 @@ def _moe_up_kernel(
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
-    # q-major for the down kernel's _words_dot
-    to = (n % 8) * (inter // 8) + n // 8 if PACKED and MX == 1 else n
+    # The down kernel's activation order: q-major (`_words_dot`), pair order (`bits_dot`).
+    if PACKED and MX == 1:
+        to = (n % 8) * (inter // 8) + n // 8
+    elif SWAPPED:
+        to = pair_column(n, inter)
+    else:
+        to = n
     tl.store(
         out_ptr + pairs[:, None].to(tl.int64) * inter + to[None, :],
         h.to(dtype),
@@ -162,9 +187,9 @@ def _moe_up_kernel(
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_down_kernel(
     h_ptr, w_ptr, s_ptr, b_ptr, route_w_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    num_pairs, hidden, inter, stride_e, stride_n, s_stride_e, s_stride_n,
+    num_pairs, hidden: tl.constexpr, inter: tl.constexpr, stride_e, stride_n, s_stride_e, s_stride_n,
     LOCAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr,
+    PACKED: tl.constexpr, MX: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     e = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -178,10 +203,13 @@ def _moe_down_kernel(
     dtype = out_ptr.dtype.element_ty
     w = w_ptr + e * stride_e
     sp = s_ptr + e * s_stride_e
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    SWAPPED: tl.constexpr = PACKED and MX == 3
+    acc = tl.zeros([BLOCK_N, BLOCK_M] if SWAPPED else [BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, inter, BLOCK_K):
         acc = _tile_dot(acc, h_ptr, rows * inter, row_ok, w, sp, n, n_ok, k0, inter, stride_n,
-                        s_stride_n, BLOCK_K, PACKED, MX, PRECISION)  # fmt: skip
+                        s_stride_n, BLOCK_K, PACKED, MX, PRECISION, ASM)  # fmt: skip
+    if SWAPPED:
+        acc = tl.trans(unscale(acc))
     bias = tl.load(b_ptr + e * hidden + n, mask=n_ok, other=0.0).to(tl.float32)
     y = (acc + bias[None, :]).to(dtype).to(tl.float32)
     route = tl.load(route_w_ptr + rows, mask=row_ok, other=0.0)
@@ -207,16 +235,19 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 
 # How the MXFP4 grouped GEMMs dequantize: "words" reads 32-bit words (`_words_dot`, A in
 # q-major order), "bytes" byte by byte, "scaled" is Triton's `tl.dot_scaled` (bf16 models
-# only: it upcasts to bf16 on Hopper). None: by size from MODES, words up to 512 (token,
-# expert) pairs, scaled above (words in float32). H100, 20B, one layer as a CUDA graph
-# (benchmarks/gpt_oss_gpu.py, 2026-11-27): 64 tokens 414-436 us words vs 497-530 scaled;
-# 256 tokens 763 words vs 640 scaled with SCALED_CONFIGS' 64 x 64 tiles; 512 / 1,024 /
-# 2,048 tokens: scaled 1,083 / 1,498 / 2,350 us against words 1,754 / 2,687 / 4,800 and
-# byte-wise 11,862 at 2,048. The crossover lies between 256 pairs (words faster) and 1,024
-# (scaled faster); it was not measured closer: 512 is the middle.
-MXFP4_GEMM: str | None = None
-MODES: list[tuple[int, str]] = [(512, "words"), (1 << 62, "scaled")]  # (most pairs, mode)
-_MX = {"bytes": 0, "words": 1, "scaled": 2}
+# only: it upcasts to bf16 on Hopper), "bits" converts words to bf16 by bit operations with
+# the weight as the MMA's left operand (`mxfp4_bf16.py`). None: by size from MODES;
+# STATOR_MXFP4_GEMM=<mode> fixes one (comparisons). H100, 20B, one layer as a CUDA graph
+# (benchmarks/gpt_oss_gpu.py --parts gemm, 2026-11-28, µs): 64 tokens bits 287.1 vs words
+# 322.2; 256 tokens bits 408.9 vs scaled 549.8 and words 561.9; 512 tokens bits 652.0 vs
+# scaled 769.3; 2,048 tokens scaled 1,945 vs bits 2,757-3,117 (2026-11-28, first call; the
+# crossover, between 2,048 and 8,192 pairs, was not measured). Before "bits" (2026-11-27):
+# words up to 512 pairs, scaled above (64 tokens 414-436 words vs 497-530 scaled; 512 /
+# 1,024 / 2,048 tokens scaled 1,083 / 1,498 / 2,350 against words 1,754 / 2,687 / 4,800
+# and byte-wise 11,862 at 2,048).
+MXFP4_GEMM: str | None = os.environ.get("STATOR_MXFP4_GEMM") or None
+MODES: list[tuple[int, str]] = [(2048, "bits"), (1 << 62, "scaled")]  # (most pairs, mode)
+_MX = {"bytes": 0, "words": 1, "scaled": 2, "bits": 3}
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
 # (32, 128, 64, 4, 3) 838. With moe_align.py (2026-11-27, two calls): 256 tokens 558-564
@@ -238,8 +269,6 @@ WORD_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
     (1024, (32, 64, 128, 4, 3)),
     (1 << 62, (128, 128, 128, 8, 3)),
 ]
-
-
 # Up to this many (token, expert) pairs the streaming kernels (moe_gemv.py) serve: a
 # tensor-core tile of 16 rows would hold about one pair per expert. Same runs: 4 tokens
 # 153 us streaming vs 259 grouped, 8 tokens 281 vs 279; with the fp16-pair streaming
@@ -255,20 +284,30 @@ DOWN_CONFIGS: dict[str, list[tuple[int, tuple[int, int, int, int]]]] = {}
 
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
     """The (most pairs, tile) table of an MXFP4 mode ("bytes" and bf16 experts: CONFIGS)."""
-    return {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS}.get(mode, CONFIGS)
+    tables = {"words": WORD_CONFIGS, "scaled": SCALED_CONFIGS, "bits": BITS_CONFIGS}
+    return tables.get(mode, CONFIGS)
 
 
 def mxfp4_mode(pairs: int, dtype: torch.dtype) -> str:
     """How the packed grouped GEMMs of `pairs` pairs dequantize (see MXFP4_GEMM)."""
     mode = MXFP4_GEMM or next(m for most, m in MODES if pairs <= most)
-    if dtype != torch.bfloat16:  # tl.dot_scaled takes bf16 activations
-        return "words" if mode == "scaled" else mode
+    if dtype != torch.bfloat16 and mode == "scaled":  # tl.dot_scaled takes bf16 activations
+        return "words"
+    if dtype == torch.float16 and mode == "bits":  # its weights times 2^-32 underflow fp16
+        return "words"
     return mode
+
+
+def _word_wise(mode: str) -> bool:
+    """Modes reading int32 words and q-major activations (K need not divide BLOCK_K)."""
+    return mode in ("words", "bits")
 
 
 def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
     block_m, block_n, block_k, warps, stages = next(c for n, c in config_table(mode) if pairs <= n)
-    if mode == "words":  # masked: K need not divide by BLOCK_K
+    if mode == "bits" and block_k < 128:
+        raise ValueError(f"bits tiles need BLOCK_K >= 128 (see BITS_CONFIGS): {block_k}")
+    if _word_wise(mode):  # masked: K need not divide by BLOCK_K
         return block_m, block_n, block_k, warps, stages
     while hidden % block_k or inter % block_k:
         block_k //= 2
@@ -283,7 +322,13 @@ def token_boundaries(top_k: int) -> list[int]:
     from stator.engines.native.kernels import moe_dequant
 
     limits = {GEMV_MAX_PAIRS, *(most for most, _ in MODES)}
-    for table in (CONFIGS, SCALED_CONFIGS, WORD_CONFIGS, *DOWN_CONFIGS.values()):
+    tables = (
+        CONFIGS,
+        SCALED_CONFIGS,
+        WORD_CONFIGS,
+        BITS_CONFIGS,
+    )
+    for table in (*tables, *DOWN_CONFIGS.values()):
         limits.update(most for most, _ in table)
     if moe_dequant.MIN_PAIRS:
         limits.add(moe_dequant.MIN_PAIRS - 1)
@@ -299,7 +344,7 @@ def _down_config(
     if tile is None:
         return up[1:]
     block_n, block_k, warps, stages = tile
-    while mode != "words" and (hidden % block_k or inter % block_k) and block_k > 32:
+    while not _word_wise(mode) and (hidden % block_k or inter % block_k) and block_k > 32:
         block_k //= 2
     return block_n, block_k, warps, stages
 
@@ -347,13 +392,15 @@ def fused_moe(
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
-    words = mode == "words"
+    words = _word_wise(mode)
     up_tile = _config(pairs, hidden, inter, mode)
     block_m, block_n, block_k, warps, stages = up_tile
     down_n, down_k, down_warps, down_stages = _down_config(pairs, hidden, inter, mode, up_tile)
     sorted_ids, block_expert = align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
-    if words:
+    if mode == "bits":
+        x = pair_order(x)
+    elif words:
         from stator.engines.native.kernels.moe_gemv import permute
 
         x = permute(x)
@@ -370,13 +417,14 @@ def fused_moe(
         strides2 = (w2.stride(0), w2.stride(1), 0, 0)
     # float32 (tests): exact products, not tf32's 10-bit mantissa.
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    asm = mode.startswith("bits") and use_asm()
     act = torch.empty(pairs, inter, dtype=x.dtype, device=x.device)
     x = x.contiguous()
     _moe_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
         x, w13, s13, moe.b13, act, sorted_ids, block_expert,
         pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
         TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=warps,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, ASM=asm, num_warps=warps,
         num_stages=stages,
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
@@ -385,7 +433,7 @@ def fused_moe(
         act, w2, s2, moe.b2, weights.reshape(-1), out, sorted_ids, block_expert,
         pairs, hidden, inter, *strides2,
         LOCAL=local, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=down_k,
-        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, num_warps=down_warps,
-        num_stages=down_stages,
+        PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, ASM=asm,
+        num_warps=down_warps, num_stages=down_stages,
     )  # fmt: skip
     return out.view(tokens, top_k, hidden).sum(1)
