@@ -2,8 +2,8 @@
 
 The per-step ledger (`step_ledger.py`) found decode steps of 9-128 sequences at ShareGPT-like
 lengths reading their KV at a third of the copy rate, and the split count a suspect:
-`default_num_splits` aims at 2 programs per SM, so from 17 sequences up each sequence is one
-program and the longest sets the time. This times `paged_decode_attention` alone, in the
+`default_num_splits` aimed at 2 programs per SM (16 since 2026-11-28), so from 17 sequences
+up each sequence was one program and the longest set the time. This times `paged_decode_attention` alone, in the
 8B shape (32 query heads, 8 KV heads of 128, 16-token pages, bf16), for each batch size with
 contexts drawn from the ShareGPT-like profile (a request's prompt plus a uniform share of its
 output), at every split count from 1 to 32, replayed from a CUDA graph over `--layers`

@@ -128,6 +128,9 @@ def ledger(records: list[dict], cfg: dict, rates: dict, workload_floor: dict | N
         # class too, and summed here so a class's excess can be read without them.
         "stalls": sum(is_stall(r) for r in ran),
         "stall_excess_s": sum(r["excess"] for r in ran if is_stall(r)),
+        # The CUDA allocator's work read after slow steps (`step_profile.SLOW_STEP_S`).
+        "cuda_mallocs": sum(r.get("cuda_mallocs", 0) for r in rows),
+        "alloc_retries": sum(r.get("alloc_retries", 0) for r in rows),
     }
     if workload_floor is not None:
         totals["workload_floor_s"] = workload_floor["seconds"]
@@ -174,6 +177,8 @@ def format_ledger(led: dict) -> str:
         f"{t['step_rooflines_s']:.2f}); excess {t['excess_s']:.2f} s; garbage collection "
         f"{t['gc_s']:.2f} s ({t['gc_full']} full); {t['stalls']} stalls (over {STALL_RATIO:g}x "
         f"their floor + {1e3 * STALL_S:.0f} ms) {t['stall_excess_s']:.2f} s of the excess; "
+        f"after slow steps {t['cuda_mallocs']} cudaMalloc, {t['alloc_retries']} allocator "
+        "retries; "
         f"slowest steps {t['slowest_steps_ms']} ms"
     )
     if "workload_floor_s" in t:

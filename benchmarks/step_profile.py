@@ -8,7 +8,8 @@ were still queued; for the per-step ledger (`step_ledger.py`): what it computes
 (`step_work`: decodes and the KV context they read, prompt tokens and their attention
 pairs), how it ran (a decode graph, piecewise graphs or eagerly), its device time and the
 GPU's idle gap before it (CUDA events, `device_times()`), the host's time in the forward
-pass's call and in Python's garbage collector. It drains the core's KV events after each
+pass's call and in Python's garbage collector, and after a slow step the CUDA caching
+allocator's cudaMalloc / cudaFree calls and retries since the last read. It drains the core's KV events after each
 step, as the engine core's process does. `summary()` groups the steps by kind (pure
 decode or mixed), by batch size, and the tail after the queue emptied, where batches only
 shrink. `thread_cpu()` reads each thread's CPU time from /proc (which thread takes a
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 BATCH_BOUNDS = (8, 32, 64, 128, 192, 255, 256, 512, 1024)
+SLOW_STEP_S = 0.05  # after a step this slow, the CUDA allocator's work since the last read
 
 
 class StepProfile:
@@ -41,6 +43,7 @@ class StepProfile:
         self._begin = None  # the CUDA event before this step's forward pass
         self._launch = 0.0
         self._gc = [0.0, 0, 0.0]  # seconds in collections, full ones, when one began
+        self._alloc = self._allocator_counts()
         gc.callbacks.append(self._on_gc)
         schedule = core.scheduler.schedule
 
@@ -98,6 +101,22 @@ class StepProfile:
         """Forget the steps recorded so far (a new run begins)."""
         self.records = []
         self._events = []
+        self._alloc = self._allocator_counts()
+
+    def _allocator_counts(self) -> tuple[int, int, int]:
+        """The CUDA caching allocator's cumulative cudaMalloc calls, cudaFree calls and
+        retries (a cudaMalloc that failed, so every cached block was freed, the device
+        synchronized, and it tried again); zeros without CUDA."""
+        if not self._cuda:
+            return (0, 0, 0)
+        import torch
+
+        stats = torch.cuda.memory_stats()
+        return (
+            stats.get("num_device_alloc", 0),
+            stats.get("num_device_free", 0),
+            stats.get("num_alloc_retries", 0),
+        )
 
     def _noting(self, run, mode: str):
         def noted(*args, **kwargs):
@@ -143,6 +162,14 @@ class StepProfile:
             "gc_full": self._gc[1] - full0,  # full (generation 2) collections
             **step_work(*self._shape),
         }
+        if wall > SLOW_STEP_S:
+            # Read only after a slow step (the read costs the host): what the allocator did
+            # since the last read, most likely in this step, a stall's suspect.
+            now = self._allocator_counts()
+            rec["cuda_mallocs"], rec["cuda_frees"], rec["alloc_retries"] = (
+                a - b for a, b in zip(now, self._alloc, strict=True)
+            )
+            self._alloc = now
         self.records.append(rec)
         return outputs
 

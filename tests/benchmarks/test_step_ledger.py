@@ -146,3 +146,15 @@ def test_a_step_far_over_its_floor_is_counted_as_a_stall_too():
     t = led["totals"]
     assert t["stalls"] == 1 and t["stall_excess_s"] == pytest.approx(0.30 - floor_s)
     assert led["classes"]["decode 1-8"]["steps"] == 2  # still in its class
+    assert t["cuda_mallocs"] == t["alloc_retries"] == 0
+
+
+def test_the_allocators_work_after_slow_steps_is_summed():
+    steps = [
+        rec("graph", 0.3, [3], [2], [1]) | {"cuda_mallocs": 2, "alloc_retries": 1},
+        rec("graph", 0.1, [3], [2], [1]),
+        rec("eager", 0.4, [0], [5], [5]) | {"cuda_mallocs": 3, "alloc_retries": 0},
+    ]
+    t = ledger(steps, TINY, UNIT)["totals"]
+    assert (t["cuda_mallocs"], t["alloc_retries"]) == (5, 1)
+    assert "5 cudaMalloc, 1 allocator retries" in format_ledger(ledger(steps, TINY, UNIT))
