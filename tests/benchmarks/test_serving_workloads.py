@@ -10,19 +10,7 @@ import random
 import pytest
 
 from benchmarks.serving_workloads import PROFILES, floor
-
-# One layer, hidden 2, one head of width 2: 28 parameters (6 of them the LM head), 56
-# weight bytes, 8 KV bytes a token, 8 attention FLOPs a (query, key) pair.
-TINY = {
-    "hidden_size": 2,
-    "intermediate_size": 1,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 1,
-    "num_key_value_heads": 1,
-    "head_dim": 2,
-    "vocab_size": 3,
-}
-UNIT = {"matmul_flops": 1.0, "copy_bytes_s": 1.0}
+from tests.benchmarks.tiny_shape import TINY, UNIT
 
 
 def test_one_request_takes_as_many_steps_as_its_output():

@@ -15,18 +15,8 @@ from serving_workloads import floor
 from step_ledger import format_ledger, ledger, step_class, step_floor
 from step_profile import step_work
 
-# One layer, hidden 2, one head of width 2: 28 parameters (6 of them the LM head), 56
-# weight bytes, 8 KV bytes a token, 8 attention FLOPs a (query, key) pair.
-TINY = {
-    "hidden_size": 2,
-    "intermediate_size": 1,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 1,
-    "num_key_value_heads": 1,
-    "head_dim": 2,
-    "vocab_size": 3,
-}
-UNIT = {"matmul_flops": 1.0, "copy_bytes_s": 1.0}
+from tests.benchmarks.tiny_shape import TINY, UNIT
+
 SHAPE = {"params": 28, "head": 6, "weight_bytes": 56, "kv_bytes_per_token": 8}
 SHAPE["attn_flops_per_pair"] = 8
 
