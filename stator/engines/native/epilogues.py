@@ -16,7 +16,6 @@ graphs are captured: the benchmarks compare both in one process). The CPU never 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from stator.engines.native.context import current_lora
+from stator.engines.native.kernels import switches
 
-ENABLED = os.environ.get("STATOR_FUSED_EPILOGUES", "1") != "0"
+ENABLED = switches.flag("STATOR_FUSED_EPILOGUES", True)
 
 
 @dataclass(frozen=True)

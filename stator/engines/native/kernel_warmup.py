@@ -23,7 +23,6 @@ no request owns yet (start-up), and the cache is zeroed after, as it was allocat
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from stator.engines.native.context import StepContext
+from stator.engines.native.kernels import switches
 
 if TYPE_CHECKING:
     from stator.engines.native.model_runner import ModelRunner
@@ -66,7 +66,7 @@ def enabled(runner: ModelRunner) -> bool:
     return (
         runner.device.type == "cuda"
         and bool(getattr(runner.model, "kernel_warmup", False))
-        and os.environ.get(ENV, "1") != "0"
+        and switches.flag(ENV, True)
     )
 
 

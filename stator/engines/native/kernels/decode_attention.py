@@ -17,13 +17,12 @@ split length adapts to each sequence's length inside the kernel.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from stator.engines.native.kernels import pdl
+from stator.engines.native.kernels import pdl, switches
 from stator.engines.native.kernels.pdl import pdl_sync
 
 BLOCK_N = 64
@@ -161,7 +160,7 @@ def _decode_merge_kernel(
 #: ShareGPT-like lof, 16 gave 10,221 output tok/s against 9,798 with the earlier 2 in the
 #: same call (decode steps of 9-32 sequences 4.88 s vs 5.20 s); batch 1 and batches of
 #: 128+ get the same split count either way.
-PROGRAMS_PER_SM = int(os.environ.get("STATOR_DECODE_PROGRAMS_PER_SM", "16"))
+PROGRAMS_PER_SM = switches.positive_int("STATOR_DECODE_PROGRAMS_PER_SM", 16)
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:

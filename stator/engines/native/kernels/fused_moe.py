@@ -18,12 +18,11 @@ Triton's `tl.dot_scaled`, chosen by size (`mxfp4_mode`); for a few pairs (decode
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import switches
 from stator.engines.native.kernels.moe_align import align
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
 from stator.engines.native.kernels.mxfp4_bf16 import (
@@ -245,9 +244,9 @@ CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # words up to 512 pairs, scaled above (64 tokens 414-436 words vs 497-530 scaled; 512 /
 # 1,024 / 2,048 tokens scaled 1,083 / 1,498 / 2,350 against words 1,754 / 2,687 / 4,800
 # and byte-wise 11,862 at 2,048).
-MXFP4_GEMM: str | None = os.environ.get("STATOR_MXFP4_GEMM") or None
-MODES: list[tuple[int, str]] = [(2048, "bits"), (1 << 62, "scaled")]  # (most pairs, mode)
 _MX = {"bytes": 0, "words": 1, "scaled": 2, "bits": 3}
+MXFP4_GEMM: str | None = switches.choice("STATOR_MXFP4_GEMM", tuple(_MX))
+MODES: list[tuple[int, str]] = [(2048, "bits"), (1 << 62, "scaled")]  # (most pairs, mode)
 # The table of `tl.dot_scaled` (bf16 models' packed experts). Same H100 runs, 256 tokens:
 # (64, 64, 64, 4, 3) 640 us against (64, 128, 64, 4, 3) 737, (64, 128, 128, 8, 3) 762,
 # (32, 128, 64, 4, 3) 838. With moe_align.py (2026-11-27, two calls): 256 tokens 558-564

@@ -23,7 +23,9 @@ import triton
 import triton.language as tl
 import triton.language.extra.cuda  # gdc_wait, gdc_launch_dependents
 
-ENABLED = os.environ.get("STATOR_PDL", "0") == "1"
+from stator.engines.native.kernels import switches
+
+ENABLED = switches.flag("STATOR_PDL", False)
 
 
 @functools.cache
