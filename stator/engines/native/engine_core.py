@@ -8,7 +8,6 @@ runs one step ahead of the host (`overlap.py`); outputs then arrive one step lat
 
 from __future__ import annotations
 
-import gc
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from stator.engines.native.request import Sequence, Status
 from stator.engines.native.sampler import Sampler
 from stator.engines.native.scheduler import ScheduledBatch, Scheduler, check_policy
 from stator.engines.native.spec import SpecDecoder, make_spec_decoder
+from stator.engines.native.startup_heap import freeze_startup_heap
 from stator.engines.native.tp_runner import make_runner
 from stator.llm.prompt_embeds import InvalidPromptEmbeds, embeds_tensor
 from stator.protocols import (
@@ -391,16 +391,3 @@ class EngineCore(DisaggCore, OffloadCore, OutputEmitter):
 
     def clear_kv(self) -> None:
         self.blocks.clear()
-
-
-def freeze_startup_heap() -> None:
-    """Move every object alive now (the model, its graphs, compiled kernels, the imports:
-    hundreds of thousands with torch and Triton loaded) out of the cyclic collector's
-    reach. They live as long as the engine, yet each full collection walked them all: on an
-    H100 run of 1,000 requests (`benchmarks/step_ledger.py`, 2026-11-28) two or three steps
-    a run stalled 185-371 ms in a full collection; frozen, 38-116 ms (what is left walks
-    the objects the run made). vLLM's engine core freezes its start-up heap the same way.
-    Objects made later (requests, steps) are collected as before; a frozen object freed by
-    its reference count is freed as before."""
-    gc.collect()
-    gc.freeze()

@@ -195,7 +195,7 @@ def test_dummy_load_format_runs_without_a_checkpoint(tmp_path, llama):
 
 def test_the_engine_freezes_its_start_up_heap_and_collects_what_comes_later(llama):
     # A full collection walking the model, graphs and compiled kernels stalled steps by
-    # 150-500 ms on an H100 (`engine_core.freeze_startup_heap`).
+    # 150-500 ms on an H100 (`startup_heap.freeze_startup_heap`).
     import gc
 
     gc.unfreeze()
