@@ -240,23 +240,45 @@ async def test_a_client_leaving_once_the_decode_request_is_sent_releases_unless_
 
 
 async def leave_after(fleet, outputs: int) -> list[tuple[str, bool, bool]]:
-    prefill = await fleet.worker("prefill")
-    await fleet.worker("decode")
-    router = await fleet.router()
-    await router.prefill.client.wait_for_instances(1)
-    await router.decode.client.wait_for_instances(1)
-    released = []
-
-    async def release_kv(rid, unless_claimed=False, later=False):
-        released.append((rid, unless_claimed, later))
-        return True
-
-    prefill.engine.release_kv = release_kv
+    router, released = await recording_releases(fleet)
     stream = router.generate(request("r1", max_tokens=50))
     for _ in range(outputs):
         out = await anext(stream)
         assert out.finish_reason is None
     await stream.aclose()
+    return await soon(released)
+
+
+async def recording_releases(fleet, answer: bool = True):
+    """A prefill and a decode worker and their router; the prefill engine's `release_kv`
+    calls recorded as (id, unless_claimed, later), each answered `answer`."""
+    prefill = await fleet.worker("prefill")
+    await fleet.worker("decode")
+    router = await fleet.router()
+    await router.prefill.client.wait_for_instances(1)
+    await router.decode.client.wait_for_instances(1)
+    released: list[tuple[str, bool, bool]] = []
+
+    async def release_kv(rid, unless_claimed=False, later=False):
+        released.append((rid, unless_claimed, later))
+        return answer
+
+    prefill.engine.release_kv = release_kv
+    return router, released
+
+
+async def leave_when(stream, event: asyncio.Event) -> None:
+    """The client waits for the stream's first output and leaves once `event` is set."""
+    task = asyncio.ensure_future(anext(stream))
+    await asyncio.wait_for(event.wait(), 10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await stream.aclose()
+
+
+async def soon(released: list) -> list:
+    """`released` once something is in it (the release goes out as a task), or empty
+    after a second."""
     for _ in range(100):
         if released:
             break
@@ -267,18 +289,7 @@ async def leave_after(fleet, outputs: int) -> list[tuple[str, bool, bool]]:
 async def test_a_client_leaving_after_the_prefill_answer_before_its_stream_ends_releases(fleet):
     """The prefill worker's answer (where the KV is pinned) is in, its stream not yet over,
     when the client leaves: nobody will pull that KV, so the router unpins it now."""
-    prefill = await fleet.worker("prefill")
-    await fleet.worker("decode")
-    router = await fleet.router()
-    await router.prefill.client.wait_for_instances(1)
-    await router.decode.client.wait_for_instances(1)
-    released = []
-
-    async def release_kv(rid, unless_claimed=False, later=False):
-        released.append((rid, unless_claimed, later))
-        return True
-
-    prefill.engine.release_kv = release_kv
+    router, released = await recording_releases(fleet)
     real = router.prefill.generate
     answered = asyncio.Event()
 
@@ -289,35 +300,15 @@ async def test_a_client_leaving_after_the_prefill_answer_before_its_stream_ends_
         await asyncio.Event().wait()  # the stream's end never comes
 
     router.prefill.generate = answer_then_hang
-    stream = router.generate(request("r1", max_tokens=50))
-    task = asyncio.ensure_future(anext(stream))
-    await asyncio.wait_for(answered.wait(), 10)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await stream.aclose()
-    for _ in range(100):
-        if released:
-            break
-        await asyncio.sleep(0.01)
-    assert released == [("r1", False, False)]
+    await leave_when(router.generate(request("r1", max_tokens=50)), answered)
+    assert await soon(released) == [("r1", False, False)]
 
 
 async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_to_unpin(fleet):
     """The answer may be on its way (the KV pinned under the request's id) as the client
     leaves: every prefill worker is asked to unpin that id unless a reader claimed it."""
-    prefill = await fleet.worker("prefill")
-    await fleet.worker("decode")
-    router = await fleet.router()
-    await router.prefill.client.wait_for_instances(1)
-    await router.decode.client.wait_for_instances(1)
+    router, released = await recording_releases(fleet, answer=False)
     await router.prefill_admin.wait_for_instances(1)
-    released = []
-
-    async def release_kv(rid, unless_claimed=False, later=False):
-        released.append((rid, unless_claimed, later))
-        return False
-
-    prefill.engine.release_kv = release_kv
     asked = asyncio.Event()
 
     async def never_answers(req):
@@ -326,14 +317,5 @@ async def test_a_client_leaving_before_the_prefill_answer_asks_prefill_workers_t
         yield  # an async generator that never yields
 
     router.prefill.generate = never_answers
-    stream = router.generate(request("r1", max_tokens=50))
-    task = asyncio.ensure_future(anext(stream))
-    await asyncio.wait_for(asked.wait(), 10)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    await stream.aclose()
-    for _ in range(100):
-        if released:
-            break
-        await asyncio.sleep(0.01)
-    assert released == [("r1", True, True)]
+    await leave_when(router.generate(request("r1", max_tokens=50)), asked)
+    assert await soon(released) == [("r1", True, True)]

@@ -162,14 +162,7 @@ async def test_pin_checks_and_releases_pending_together_share_one_round_trip():
     )
     await prefill.serve()
     decode = KvTransferAgent(TransferConfig(kind="tcp"), torch.zeros(pool_shape(2, 8, 4, 2, 8)))
-    sent: list[dict] = []
-    request = decode._request
-
-    async def counted(transfer, message):
-        sent.append(message)
-        return await request(transfer, message)
-
-    decode._request = counted
+    sent = record_requests(decode)
     transfer = {**prefill.describe(), "agent": "in another process"}  # releases by wire
     try:
         checks = [("p1", [1, 2]), ("p2", [3, 6]), ("gone", [1]), ("p3", [5])]
@@ -205,17 +198,23 @@ async def test_uncoalesced_checks_go_one_round_trip_each(pair):
     decode = KvTransferAgent(
         TransferConfig(kind="tcp", coalesce=False), torch.zeros(pool_shape(2, 8, 4, 2, 8))
     )
-    sent: list[dict] = []
-    request = decode._request
-
-    async def counted(transfer, message):
-        sent.append(message)
-        return await request(transfer, message)
-
-    decode._request = counted
+    sent = record_requests(decode)
     try:
         transfer = prefill.describe()
         await asyncio.gather(*(decode._checked(transfer, "p1", [b]) for b in (1, 2, 3)))
         assert [m.get("blocks") for m in sent] == [[1], [2], [3]]
     finally:
         await decode.close()
+
+
+def record_requests(agent: KvTransferAgent) -> list[dict]:
+    """Every message `agent` sends its peer from now on, in order (sent as before)."""
+    sent: list[dict] = []
+    request = agent._request
+
+    async def recorded(transfer, message):
+        sent.append(message)
+        return await request(transfer, message)
+
+    agent._request = recorded
+    return sent

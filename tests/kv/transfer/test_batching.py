@@ -78,14 +78,21 @@ async def busy(fake: FakeCopies, batcher: Batcher) -> asyncio.Future:
     return first
 
 
-async def test_each_item_of_a_batch_gets_its_own_error():
+async def second_batch(items: str):
+    """A batcher whose first item went alone (batch 0, now ended) while `items` waited:
+    they go together as batch 1, launched and not yet ended."""
     fake = FakeCopies()
     batcher = Batcher(fake.start, fake.finish)
     first = await busy(fake, batcher)
-    tasks = [asyncio.ensure_future(batcher.submit(x)) for x in "abc"]
+    tasks = [asyncio.ensure_future(batcher.submit(x)) for x in items]
     await turns()
     fake.end(0)
     await turns()
+    return fake, batcher, first, tasks
+
+
+async def test_each_item_of_a_batch_gets_its_own_error():
+    fake, _, first, tasks = await second_batch("abc")
     assert fake.batches[1] == ["a", "b", "c"] and (await first)[0] == "copied first"
     fake.end(1, {"b": ValueError("b's pin is gone")})
     results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -94,13 +101,7 @@ async def test_each_item_of_a_batch_gets_its_own_error():
 
 
 async def test_a_failed_batch_fails_every_member_and_the_next_batch_still_runs():
-    fake = FakeCopies()
-    batcher = Batcher(fake.start, fake.finish)
-    first = await busy(fake, batcher)
-    tasks = [asyncio.ensure_future(batcher.submit(x)) for x in "ab"]
-    await turns()
-    fake.end(0)
-    await turns()
+    fake, batcher, first, tasks = await second_batch("ab")
     fake.end(1, RuntimeError("device fault"))
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results) and len(fake.batches) == 2
