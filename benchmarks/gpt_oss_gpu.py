@@ -117,16 +117,25 @@ GEMV_SWEEP = {
     "bf16": [(8, 256, 4), (4, 256, 4)],
 }
 GEMM_SWEEP = {
-    256: [("scaled", (64, 64, 64, 4, 3)), ("words", (32, 64, 128, 4, 3)),
-          ("bits", (32, 64, 128, 4, 3)), ("bits", (32, 64, 128, 4, 4)),
-          ("bits", (32, 64, 256, 4, 3)), ("bits", (32, 64, 128, 2, 3)),
-          ("bits", (16, 64, 128, 2, 3)), ("bits", (32, 32, 128, 2, 3))],
-    512: [("scaled", (64, 64, 64, 4, 3)), ("bits", (32, 64, 128, 4, 3)),
-          ("bits", (64, 64, 128, 4, 3))],
-    64: [("words", (16, 64, 128, 4, 3)), ("bits", (16, 64, 128, 2, 3)),
-         ("bits", (16, 128, 128, 8, 3))],
-    2048: [("scaled", (128, 64, 64, 4, 3)), ("bits", (64, 128, 128, 8, 3))],
+    256: [("scaled", (64, 64, 64, 4, 3)), ("bits", (32, 64, 128, 4, 3)),
+          ("bits", (32, 64, 128, 4, 2)), ("bits", (32, 64, 128, 4, 2, 80)),
+          ("bits", (32, 64, 128, 4, 2, 72)), ("bits", (64, 64, 128, 4, 2, 128))],
+    512: [("bits", (64, 64, 128, 4, 2)), ("bits", (64, 64, 128, 4, 2, 128)),
+          ("bits", (32, 64, 128, 4, 2, 80))],
+    64: [("bits", (16, 64, 128, 2, 3))],
+    2048: [("scaled", (128, 64, 64, 4, 3))],
 }  # fmt: skip
+
+
+# The bit-wise down kernel's own tile (fused_moe.DOWN_CONFIGS: BLOCK_N, BLOCK_K, warps,
+# stages[, register cap]; None: the up kernel's), swept at these token counts after the up
+# kernel's. A tile's sixth (down: fifth) number caps its registers (more programs an SM).
+DOWN_SWEEP = {
+    256: [None, (64, 128, 4, 2), (64, 128, 4, 2, 72), (64, 128, 4, 2, 64), (64, 128, 4, 2, 96)],
+    512: [None, (64, 128, 4, 2, 96), (64, 128, 4, 2, 72)],
+}  # fmt: skip
+# The expert sort's program (moe_align.ONE_HOT, WARPS), timed alone at 1,024 pairs.
+ALIGN_SWEEP = [(8192, 4), (8192, 2), (4096, 2), (4096, 4), (16384, 4)]
 
 
 def graph_timed(fn, n: int) -> float:
@@ -153,13 +162,55 @@ def _sweep(apply, configs, fn, n: int, check=None) -> tuple[dict, tuple]:
             t = graph_timed(fn, n)
         except Exception as exc:  # a config that does not compile, fit or agree: skip it
             times[str(cfg)] = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+            print(f"sweep {cfg}: {times[str(cfg)]}", flush=True)
             continue
         times[str(cfg)] = round(t * 1e6, 1)
+        print(f"sweep {cfg}: {times[str(cfg)]} us", flush=True)  # partial results, if cut
         if best is None or t < best[0]:
             best = (t, cfg)
     assert best is not None, times
     apply(best[1])
     return times, best
+
+
+def _sweep_down(fm, pairs: int, fn, check) -> dict:
+    """The bit-wise down kernel's tiles at `pairs` (the up kernel's best installed): the
+    best stays in fused_moe.DOWN_CONFIGS["bits"] for up to `pairs` pairs."""
+    tokens = pairs // 4
+    table = fm.DOWN_CONFIGS.setdefault("bits", [])
+    others = [(most, tile) for most, tile in table if most != pairs]
+    # Fewer pairs (another up tile's slot) keep the up kernel's tile.
+    lower = max((most for most, _ in fm.BITS_CONFIGS if most < pairs), default=None)
+    if lower is not None and all(most != lower for most, _ in others):
+        others.append((lower, None))
+
+    def apply(tile):
+        entries = others if tile is None else [*others, (pairs, tile)]
+        table[:] = sorted(entries)
+
+    fm.MXFP4_GEMM = "bits"
+    times, best = _sweep(apply, DOWN_SWEEP[tokens], fn, 10, check)
+    fm.MXFP4_GEMM = None
+    return {"times": times, "best": best[1], "table": list(table)}
+
+
+def _sweep_align() -> dict:
+    """moe_align's program sizes at 1,024 pairs over 32 experts (BLOCK_M 32), each checked
+    against align_reference; the best stays installed."""
+    from stator.engines.native.kernels import moe_align
+
+    ids = torch.randint(0, 32, (1024,), device="cuda")
+    want = moe_align.align_reference(ids, 32, 32)
+
+    def apply(cfg):
+        moe_align.ONE_HOT, moe_align.WARPS = cfg
+
+    def check():
+        got = moe_align.align(ids, 32, 32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    times, best = _sweep(apply, ALIGN_SWEEP, lambda: moe_align.align(ids, 32, 32), 50, check)
+    return {"times": times, "best": best[1]}
 
 
 @torch.inference_mode()
@@ -238,14 +289,20 @@ def bench_moe_layer(packed: bool, experts: int, bandwidth: float, gemm_only: boo
                 win = next(c for c in configs if str(c) == min(ok, key=ok.get))
                 gemm_cfg(win)
                 best_mode.setdefault(tokens, {})[cfg[0]] = ok[str(win)]
+        if packed and tokens in DOWN_SWEEP and "bits" in best_mode.get(tokens, {}):
+            down = _sweep_down(fm, pairs, lambda t=tokens: moe(xs[t]), checker(xs[tokens]))
+            res.setdefault("down_sweep_us", {})[tokens] = down
     # Back to choosing the mode by size (fused_moe.mxfp4_mode), each mode's best tiles kept.
     res["best_by_mode_us"] = best_mode
     fm.MXFP4_GEMM = None
+    if packed:
+        res["align_sweep_us"] = _sweep_align()
     if gemm_only:  # the best mode of each size installed (the engine runs that follow)
         moe_dequant.MIN_PAIRS = saved_min_pairs
         fm.MODES = install_best_modes(best_mode)
         res["installed"] = {"modes": fm.MODES, "scaled": fm.SCALED_CONFIGS,
-                            "words": fm.WORD_CONFIGS, "bits": fm.BITS_CONFIGS}  # fmt: skip
+                            "words": fm.WORD_CONFIGS, "bits": fm.BITS_CONFIGS,
+                            "down": fm.DOWN_CONFIGS}  # fmt: skip
         return res
     for tokens in (4, 8):  # streaming kernels against grouped GEMMs
         x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)

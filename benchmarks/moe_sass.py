@@ -2,7 +2,7 @@
 GPU: registers, spills and the SASS of the K loop, per MXFP4 mode and tile. Prints one JSON
 line per kernel.
 
-    python benchmarks/moe_sass.py bits:32,64,128,4,3 scaled:64,64,64,4,3
+    python benchmarks/moe_sass.py bits:32,64,128,4,3 bits:32,64,128,4,2,80 scaled:64,64,64,4,3
 
 Triton compiles for a named target without a device, and its wheel carries ptxas and
 cuobjdump. The kernels are specialized as a real launch specializes them (pointers 16-byte
@@ -51,7 +51,9 @@ def available() -> bool:
     return (_BIN / "ptxas").exists() and (_BIN / "cuobjdump").exists()
 
 
-def compile_kernel(kernel, signature: dict, constexprs: dict, warps: int, stages: int):
+def compile_kernel(
+    kernel, signature: dict, constexprs: dict, warps: int, stages: int, maxnreg: int | None = None
+):
     names = list(kernel.arg_names)
     attrs = {
         (names.index(a),): [["tt.divisibility", 16]]
@@ -65,6 +67,8 @@ def compile_kernel(kernel, signature: dict, constexprs: dict, warps: int, stages
         attrs=attrs,
     )
     options = {"num_warps": warps, "num_stages": stages}
+    if maxnreg is not None:  # a tile's register cap (fused_moe._config)
+        options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -81,9 +85,11 @@ def loop_opcodes(sass: str) -> tuple[Counter, int]:
     return Counter(op for _, op, _ in lines[best[0] : best[1] + 1]), len(lines)
 
 
-def inspect(mode: str, tile: tuple[int, int, int, int, int], which: str) -> dict:
-    """Registers, spills and K-loop SASS of the up or down kernel of `mode` at `tile`."""
-    block_m, block_n, block_k, warps, stages = tile
+def inspect(mode: str, tile: tuple, which: str) -> dict:
+    """Registers, spills, shared memory and K-loop SASS of the up or down kernel of `mode` at
+    `tile` (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, register cap])."""
+    block_m, block_n, block_k, warps, stages = tile[:5]
+    maxnreg = tile[5] if len(tile) > 5 else None
     common = {"LOCAL": 32, "hidden": 2880, "inter": 2880, "BLOCK_M": block_m,
               "BLOCK_N": block_n, "BLOCK_K": block_k, "PACKED": True, "MX": fm._MX[mode],
               "PRECISION": "tf32", "ASM": True}  # fmt: skip
@@ -93,7 +99,7 @@ def inspect(mode: str, tile: tuple[int, int, int, int, int], which: str) -> dict
         kernel, signature, consts = fm._moe_down_kernel, dict(_DOWN), common
     if mode in ("scaled", "bytes"):
         signature["w_ptr"] = "*u8"
-    compiled = compile_kernel(kernel, signature, consts, warps, stages)
+    compiled = compile_kernel(kernel, signature, consts, warps, stages, maxnreg)
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         ptx.write_text(compiled.asm["ptx"])
@@ -113,9 +119,18 @@ def inspect(mode: str, tile: tuple[int, int, int, int, int], which: str) -> dict
     return {"mode": mode, "tile": tile, "kernel": which,
             "registers": int(regs.group(1)) if regs else None,
             "spill_bytes": int(spills.group(1)) if spills else None,
+            "shared_bytes": compiled.metadata.shared,
+            "programs_per_sm": programs_per_sm(int(regs.group(1)), compiled.metadata.shared, warps),
             "kernel_instructions": total, "loop_instructions": loop,
             "per_value": round(loop / values, 2),
             "loop_opcodes": dict(_by_family(ops).most_common(16))}  # fmt: skip
+
+
+def programs_per_sm(registers: int, shared: int, warps: int) -> int:
+    """Programs an H100 SM holds at once: 64k registers allocated 8 a thread at a time,
+    228 KiB of shared memory (1 KiB reserved a program), 64 warps, 32 programs."""
+    by_registers = 65536 // (-(-registers // 8) * 8 * 32 * warps)
+    return min(by_registers, 228 * 1024 // (shared + 1024), 64 // warps, 32)
 
 
 def _by_family(ops: Counter) -> Counter:
@@ -128,7 +143,9 @@ def _by_family(ops: Counter) -> Counter:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("configs", nargs="+", help="mode:BLOCK_M,BLOCK_N,BLOCK_K,warps,stages")
+    ap.add_argument(
+        "configs", nargs="+", help="mode:BLOCK_M,BLOCK_N,BLOCK_K,warps,stages[,register cap]"
+    )
     args = ap.parse_args()
     if not available():
         sys.exit(f"no ptxas / cuobjdump under {_BIN}")

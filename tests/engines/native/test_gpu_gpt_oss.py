@@ -151,6 +151,24 @@ def test_router_kernel_matches_torch_topk(tokens):
     assert torch.allclose(w, torch.softmax(top.float(), dim=-1), atol=1e-6)
 
 
+@pytest.mark.parametrize("tokens", [64, 256])
+def test_router_written_pair_order_feeds_the_bit_wise_gemms(tokens):
+    """MoE.forward at sizes the bit-wise GEMMs serve: the router kernel writes x in pair
+    order (moe_route.route(..., "pair_order")) and the GEMMs read it; the same output bit
+    for bit as fused_moe ordering x itself, and the k pairs' sum (moe_combine.py) within
+    rounding of the reference."""
+    from stator.engines.native.kernels import fused_moe as fm
+
+    moe = _moe(True)
+    x = torch.randn(tokens, 2880, device="cuda", dtype=torch.bfloat16)
+    assert fm.x_layout(x, moe) == "pair_order"
+    weights, ids = moe.route(x)
+    alone = fm.fused_moe(x, weights, ids, moe)
+    assert torch.equal(moe(x), alone)
+    ref = moe._reference(x, weights, ids).float()
+    assert ((alone.float() - ref).norm() / ref.norm()) < 2e-2
+
+
 def test_fused_moe_computes_only_this_ranks_experts():
     from stator.engines.native.kernels.fused_moe import fused_moe
 

@@ -20,6 +20,7 @@ from stator.engines.native.kernels import fused_moe as fm
 from stator.engines.native.kernels import moe_dequant
 from stator.engines.native.kernels.moe_gemv import moe_gemv
 from stator.engines.native.kernels.moe_route import route
+from stator.engines.native.kernels.mxfp4_bf16 import pair_order
 from stator.engines.native.models.moe import MoE
 from stator.engines.native.sharding import TPShard
 from tests.engines.native.test_gpt_oss import GPT_OSS_20B
@@ -65,6 +66,14 @@ with torch.no_grad():
         for mode in ("words", "bytes", "bits"):
             fm.MXFP4_GEMM = mode
             close(fm.fused_moe(xs, ws, is_, moe, allow_expand=False), ref, ("gemm", mode) + what)
+        if packed:  # x in pair order from the router kernel, as MoE.forward passes it
+            fm.MXFP4_GEMM = "bits"
+            moe_dequant.MIN_PAIRS = 0  # (the expanded path's check below sets it)
+            assert fm.x_layout(xs, moe) == "pair_order", what
+            *_, ordered = route(moe.router(xs), top_k, xs, "pair_order")
+            assert torch.equal(ordered, pair_order(xs)), what
+            ours = fm.fused_moe(xs, ws, is_, moe, allow_expand=False, x_as=(ordered,))
+            close(ours, ref, ("gemm", "bits", "routed") + what)
         if packed:
             out = torch.empty(moe.local, 128, 96)
             moe_dequant.expand(moe.w13_blocks, moe.w13_scales, out)
@@ -99,6 +108,14 @@ with torch.no_grad():
         ours = mg.moe_gemv(x, w, i, moe, given)
         err = float((ours - ref).abs().max() / ref.abs().max())
         assert err < 1e-2, ("half2", experts, top_k, size, err)
+# The k pairs of each token summed (moe_combine.py): rows longer than one program's block,
+# top-3 and top-4, against PyTorch's sum (float32: the same up to the order of 3-4 adds).
+from stator.engines.native.kernels.moe_combine import BLOCK, combine
+
+for top_k in (3, 4):
+    pair_rows = torch.randn(5 * top_k, BLOCK + 76)
+    want = pair_rows.view(5, top_k, -1).sum(1)
+    assert torch.allclose(combine(pair_rows, top_k), want, rtol=1e-6, atol=1e-6), top_k
 print("ok")
 """
 )

@@ -36,4 +36,19 @@ def test_bit_wise_tiles_refuse_block_k_below_128(monkeypatch):
     with pytest.raises(ValueError, match="BLOCK_K >= 128"):
         fm._config(1024, 2880, 2880, "bits")
     monkeypatch.setattr(fm, "BITS_CONFIGS", [(1 << 62, (32, 64, 128, 4, 3))])
-    assert fm._config(1024, 2880, 2880, "bits") == (32, 64, 128, 4, 3)
+    assert fm._config(1024, 2880, 2880, "bits") == (32, 64, 128, 4, 3, None)
+
+
+def test_a_tiles_register_cap_reaches_the_launch(monkeypatch):
+    """A tile's sixth number (the down table's fifth) caps the kernel's registers
+    (Triton's maxnreg); the down kernel takes the up kernel's cap where it has no tile."""
+    monkeypatch.setattr(fm, "BITS_CONFIGS", [(1 << 62, (32, 64, 128, 4, 2, 80))])
+    up = fm._config(1024, 2880, 2880, "bits")
+    assert up == (32, 64, 128, 4, 2, 80)
+    monkeypatch.setattr(fm, "DOWN_CONFIGS", {"bits": [(256, None), (1024, (64, 128, 4, 2, 72))]})
+    assert fm._down_config(1024, 2880, 2880, "bits", up) == (64, 128, 4, 2, 72)
+    assert fm._down_config(200, 2880, 2880, "bits", up) == (64, 128, 4, 2, 80)
+    assert fm._down_config(4096, 2880, 2880, "bits", up) == (64, 128, 4, 2, 80)
+    monkeypatch.setattr(fm, "DOWN_CONFIGS", {"bits": [(1024, (64, 128, 4, 3))]})
+    assert fm._down_config(1024, 2880, 2880, "bits", up) == (64, 128, 4, 3, None)
+    assert fm._cap(72) == {"maxnreg": 72} and fm._cap(None) == {}

@@ -8,7 +8,7 @@ program exits). Pairs routed to another rank's experts are left out (their rows 
 Up kernel, grid (row block, I / BLOCK_N): gate and up tiles of the same columns in one
 program, + biases, clamped SwiGLU, written per pair [T * k, I]. Down kernel, grid (row
 block, H / BLOCK_N): + bias, times the pair's routing weight, written per pair [T * k, H];
-the k pairs of a token are summed after (deterministic, no atomics).
+the k pairs of a token are summed after (`moe_combine.py`; deterministic, no atomics).
 MXFP4 weights [N, K / 32, 16] bytes + [N, K / 32] scales are dequantized in registers, one
 weight tile at a time (`moe_tile_dot.py`): converted to bf16 by bit operations with the
 weight as the MMA's left operand (`mxfp4_bf16.py`), read as 32-bit words, byte by byte, or by
@@ -24,6 +24,7 @@ import triton.language as tl
 
 from stator.engines.native.kernels import switches
 from stator.engines.native.kernels.moe_align import align
+from stator.engines.native.kernels.moe_combine import combine
 from stator.engines.native.kernels.moe_tile_dot import tile_dot
 from stator.engines.native.kernels.mxfp4_bf16 import (
     BITS_CONFIGS,
@@ -185,7 +186,7 @@ GEMV_MAX_PAIRS = 32
 # The down kernel's own (BLOCK_N, BLOCK_K, warps, stages) by the most pairs, per MXFP4 mode
 # ("bytes": bf16 experts too); a mode not here: the up kernel's tile serves both. BLOCK_M is
 # the up kernel's (one sort serves both).
-DOWN_CONFIGS: dict[str, list[tuple[int, tuple[int, int, int, int]]]] = {}
+DOWN_CONFIGS: dict[str, list[tuple[int, tuple[int, ...] | None]]] = {}
 
 
 def config_table(mode: str) -> list[tuple[int, tuple[int, int, int, int, int]]]:
@@ -209,17 +210,21 @@ def _word_wise(mode: str) -> bool:
     return mode in ("words", "bits")
 
 
-def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple[int, int, int, int, int]:
-    block_m, block_n, block_k, warps, stages = next(c for n, c in config_table(mode) if pairs <= n)
+def _config(pairs: int, hidden: int, inter: int, mode: str) -> tuple:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, register cap or None) of the up kernel (a
+    table's tile may name the cap sixth: `maxnreg`, more programs an SM for fewer registers)."""
+    tile = next(c for n, c in config_table(mode) if pairs <= n)
+    block_m, block_n, block_k, warps, stages = tile[:5]
+    regs = tile[5] if len(tile) > 5 else None
     if mode == "bits" and block_k < 128:
         raise ValueError(f"bits tiles need BLOCK_K >= 128 (see BITS_CONFIGS): {block_k}")
     if _word_wise(mode):  # masked: K need not divide by BLOCK_K
-        return block_m, block_n, block_k, warps, stages
+        return block_m, block_n, block_k, warps, stages, regs
     while hidden % block_k or inter % block_k:
         block_k //= 2
     if block_k < 32:
         raise ValueError(f"fused MoE needs hidden and intermediate sizes of 32s: {hidden}, {inter}")
-    return block_m, block_n, block_k, warps, stages
+    return block_m, block_n, block_k, warps, stages, regs
 
 
 def token_boundaries(top_k: int) -> list[int]:
@@ -242,17 +247,21 @@ def token_boundaries(top_k: int) -> list[int]:
     return sorted(tokens)
 
 
-def _down_config(
-    pairs: int, hidden: int, inter: int, mode: str, up: tuple[int, int, int, int, int]
-) -> tuple[int, int, int, int]:
-    """The down kernel's (BLOCK_N, BLOCK_K, warps, stages) (see DOWN_CONFIGS)."""
+def _down_config(pairs: int, hidden: int, inter: int, mode: str, up: tuple) -> tuple:
+    """The down kernel's (BLOCK_N, BLOCK_K, warps, stages, register cap or None) (see
+    DOWN_CONFIGS; a tile there may name the cap fifth)."""
     tile = next((c for n, c in DOWN_CONFIGS.get(mode, []) if pairs <= n), None)
     if tile is None:
         return up[1:]
-    block_n, block_k, warps, stages = tile
+    block_n, block_k, warps, stages = tile[:4]
     while not _word_wise(mode) and (hidden % block_k or inter % block_k) and block_k > 32:
         block_k //= 2
-    return block_n, block_k, warps, stages
+    return block_n, block_k, warps, stages, tile[4] if len(tile) > 4 else None
+
+
+def _cap(regs: int | None) -> dict:
+    """The launch's register cap (Triton's `maxnreg`), where a tile names one."""
+    return {} if regs is None else {"maxnreg": regs}
 
 
 def uses_gemv(pairs: int) -> bool:
@@ -267,22 +276,29 @@ def _expands(pairs: int, moe, allow_expand: bool) -> bool:
     return allow_expand and moe.packed and bool(min_pairs) and pairs >= min_pairs
 
 
-def takes_pairs(x: torch.Tensor, moe) -> bool:
-    """Whether fused_moe(x, ...) runs the streaming kernels on fp16 pairs of x
-    (moe_half2.py), which the router kernel can write (`moe_route.route(..., x)`)."""
+def x_layout(x: torch.Tensor, moe) -> str | None:
+    """The layout fused_moe(x, ...) reads x in besides its own, which the router kernel can
+    write (`moe_route.route(..., x, layout)`): "half2", the streaming kernels' fp16 pairs
+    (moe_half2.py); "pair_order", the bit-wise grouped GEMMs' (mxfp4_bf16.py); else None."""
     from stator.engines.native.kernels.moe_gemv import uses_half2
 
     pairs = x.shape[0] * moe.top_k
-    return not _expands(pairs, moe, True) and uses_gemv(pairs) and uses_half2(moe, x.dtype)
+    if _expands(pairs, moe, True):
+        return None
+    if uses_gemv(pairs):
+        return "half2" if uses_half2(moe, x.dtype) else None
+    if moe.packed and mxfp4_mode(pairs, x.dtype) == "bits":
+        return "pair_order"
+    return None
 
 
 def fused_moe(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, moe, allow_expand: bool = True,
-    x_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    x_as: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """y [T, H] = sum over each token's k experts of weight * expert(x); `moe` is the
-    models.moe.MoE module holding this rank's experts. `x_pairs`: x as fp16 pairs already
-    (where `takes_pairs`)."""
+    models.moe.MoE module holding this rank's experts. `x_as`: x in `x_layout(x, moe)`
+    already, as the router kernel returns it."""
     tokens, hidden = x.shape
     top_k, inter, local = ids.shape[1], moe.inter, moe.local
     pairs = tokens * top_k
@@ -293,19 +309,21 @@ def fused_moe(
     if uses_gemv(pairs):
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
-        return moe_gemv(x, weights, ids, moe, x_pairs)
+        return moe_gemv(x, weights, ids, moe, x_as)
     local_ids = (ids.reshape(-1) - moe.first).long()
     if moe.tp.size > 1:
         local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = _word_wise(mode)
     up_tile = _config(pairs, hidden, inter, mode)
-    block_m, block_n, block_k, warps, stages = up_tile
-    down_n, down_k, down_warps, down_stages = _down_config(pairs, hidden, inter, mode, up_tile)
+    block_m, block_n, block_k, warps, stages, up_regs = up_tile
+    down_n, down_k, down_warps, down_stages, down_regs = _down_config(
+        pairs, hidden, inter, mode, up_tile
+    )
     sorted_ids, block_expert = align(local_ids, local, block_m)
     num_blocks = block_expert.shape[0]
     if mode == "bits":
-        x = pair_order(x)
+        x = x_as[0] if x_as is not None else pair_order(x)
     elif words:
         from stator.engines.native.kernels.moe_gemv import permute
 
@@ -331,7 +349,7 @@ def fused_moe(
         pairs, inter, hidden, x.stride(0), *strides13, moe.alpha, moe.limit,
         TOP_K=top_k, LOCAL=local, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, ASM=asm, num_warps=warps,
-        num_stages=stages,
+        num_stages=stages, **_cap(up_regs),
     )  # fmt: skip
     alloc = torch.zeros if moe.tp.size > 1 else torch.empty
     out = alloc(pairs, hidden, dtype=x.dtype, device=x.device)
@@ -340,6 +358,6 @@ def fused_moe(
         pairs, hidden, inter, *strides2,
         LOCAL=local, BLOCK_M=block_m, BLOCK_N=down_n, BLOCK_K=down_k,
         PACKED=moe.packed, MX=_MX[mode], PRECISION=precision, ASM=asm,
-        num_warps=down_warps, num_stages=down_stages,
+        num_warps=down_warps, num_stages=down_stages, **_cap(down_regs),
     )  # fmt: skip
-    return out.view(tokens, top_k, hidden).sum(1)
+    return combine(out, top_k)

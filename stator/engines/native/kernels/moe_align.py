@@ -16,6 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+# The one program's size: values of a one-hot chunk, warps. H100, 1,024 pairs over 32
+# experts, the sort alone as a CUDA graph (benchmarks/gpt_oss_gpu.py --parts gemm,
+# 2026-11-28, two calls), µs: 14.3 / 14.1 with 8,192 and 4 warps, 13.7 with 4,096 and 4,
+# 17.2 with 16,384 and 4, 16.9 with 8,192 and 8, 24.9 / 23.9 with 32,768 and 8 / 16, 27.6 /
+# 19.8 with 8,192 / 4,096 and 2: bigger programs do not help; in the engine 12-13 us a layer.
+ONE_HOT = 8192
+WARPS = 4
+
 
 def num_blocks(pairs: int, local: int, block_m: int) -> int:
     """Row blocks enough for any routing of `pairs` pairs over `local` experts."""
@@ -95,12 +103,12 @@ def align(local_ids: torch.Tensor, local: int, block_m: int) -> tuple[torch.Tens
     blocks = num_blocks(pairs, local, block_m)
     sorted_ids = torch.empty(blocks * block_m, dtype=torch.long, device=local_ids.device)
     block_expert = torch.empty(blocks, dtype=torch.long, device=local_ids.device)
-    # One-hot chunks of ~8k values: [256, 32] at 32 experts, [64, 128] at 128. The id
+    # One-hot chunks of ~ONE_HOT values: [256, 32] at 32 experts, [64, 128] at 128. The id
     # `local` (other ranks' experts) matches no expert column: they are masked.
     e_pad = triton.next_power_of_2(local)
-    chunk = max(16, min(1024, 8192 // e_pad))
+    chunk = max(16, min(1024, ONE_HOT // e_pad))
     _align_kernel[(1,)](
         local_ids, sorted_ids, block_expert, pairs, blocks * block_m, blocks,
-        LOCAL=local, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, num_warps=4,
+        LOCAL=local, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, num_warps=WARPS,
     )  # fmt: skip
     return sorted_ids, block_expert

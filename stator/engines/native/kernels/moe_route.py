@@ -15,17 +15,22 @@ import triton
 import triton.language as tl
 
 from stator.engines.native.kernels.moe_half2 import empty_pairs, write_pairs
+from stator.engines.native.kernels.mxfp4_bf16 import write_pair_order
 
 
 @triton.jit
 def _route_kernel(
     logits_ptr, weights_ptr, ids_ptr, num_experts, stride_l, x_ptr, pairs_ptr, inv_ptr,
-    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, PAIRS: tl.constexpr,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, X_LAYOUT: tl.constexpr,
     HIDDEN: tl.constexpr, H_PAD: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    if PAIRS:  # the streaming kernels' fp16 pairs of x too (moe_half2.py): one launch less
+    # x in the layout the MoE's kernels read, one launch less: the streaming kernels' fp16
+    # pairs (moe_half2.py) or the bit-wise grouped GEMMs' pair order (mxfp4_bf16.py).
+    if X_LAYOUT == 1:
         write_pairs(x_ptr, pairs_ptr, inv_ptr, t, HIDDEN, H_PAD)
+    elif X_LAYOUT == 2:
+        write_pair_order(x_ptr, pairs_ptr, t, HIDDEN, H_PAD)
     es = tl.arange(0, E_PAD)
     e_ok = es < num_experts
     logits = tl.load(logits_ptr + t * stride_l + es, mask=e_ok, other=0.0).to(tl.float32)
@@ -47,27 +52,37 @@ def _route_kernel(
 
 
 def route(
-    logits: torch.Tensor, top_k: int, x: torch.Tensor | None = None
+    logits: torch.Tensor, top_k: int, x: torch.Tensor | None = None, x_layout: str = "half2"
 ) -> tuple[torch.Tensor, ...]:
     """(routing weights [T, k] float32, expert ids [T, k] int64) of router logits [T, E]:
     the same as torch.topk(logits, k) and a float32 softmax over those k. With x [T, H]:
-    then also x as moe_half2's pairs and their 2^-S (`moe_half2.half_pairs`)."""
+    then also x in `x_layout`: "half2", moe_half2's pairs and their 2^-S
+    (`moe_half2.half_pairs`); "pair_order", x as `mxfp4_bf16.pair_order` gives it."""
     tokens, experts = logits.shape
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.long, device=logits.device)
+    layout = 0 if x is None else _X_LAYOUTS[x_layout]
     if x is None:
         pairs = inv = x_in = logits  # unused
         hidden = 0
     else:
         x_in = x.contiguous()
-        pairs, inv = empty_pairs(x_in)
         hidden = x_in.shape[1]
+        if layout == 1:
+            pairs, inv = empty_pairs(x_in)
+        else:
+            pairs, inv = torch.empty_like(x_in), logits  # inv unused
     _route_kernel[(tokens,)](
         logits, weights, ids, experts, logits.stride(0), x_in, pairs, inv,
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-        E_PAD=triton.next_power_of_2(experts), PAIRS=x is not None, HIDDEN=hidden,
+        E_PAD=triton.next_power_of_2(experts), X_LAYOUT=layout, HIDDEN=hidden,
         H_PAD=triton.next_power_of_2(max(hidden, 1)), num_warps=1 if x is None else 4,
     )  # fmt: skip
     if x is None:
         return weights, ids
+    if layout == 2:
+        return weights, ids, pairs
     return weights, ids, pairs.view(torch.int32), inv
+
+
+_X_LAYOUTS = {"half2": 1, "pair_order": 2}

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from stator.engines.native.kernels.moe_gemv import e2m1_pair
-from stator.engines.native.kernels.mxfp4_bf16 import bits_dot
+from stator.engines.native.kernels.mxfp4_bf16 import bits_dot, bits_scales
 
 
 @triton.jit
@@ -63,8 +63,9 @@ def tile_dot(
         acc = words_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
                          s_stride_n, BLOCK_K, PRECISION)  # fmt: skip
     elif PACKED and MX == 3:  # acc [N, M], times 2^-OFFSET: the kernels `unscale` it
-        acc = bits_dot(acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K,
-                       s_stride_n, BLOCK_K, PRECISION, ASM)  # fmt: skip
+        sc = bits_scales(s_ptr, n_idx, n_ok, k0, K, s_stride_n, BLOCK_K)
+        acc = bits_dot(acc, a_ptr, a_rows, row_ok, w_ptr, sc, n_idx, n_ok, k0, K, BLOCK_K,
+                       PRECISION, ASM)  # fmt: skip
     elif PACKED and MX == 2:  # Triton's own MXFP4 dot (emulated on Hopper: upcast to bf16)
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_ptr + a_rows[:, None] + ks[None, :], mask=row_ok[:, None], other=0.0)

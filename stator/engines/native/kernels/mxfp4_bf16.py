@@ -51,10 +51,19 @@ OFFSET = tl.constexpr(32)
 # (64, 32, 128, 4, 3) 654.8, (32, 32, 128, 4, 3) 688.9, (64, 128, 128, 8, 3) 726.0;
 # 512 tokens (32, 64, 128, 4, 3) 652.0 vs (64, 32, 128, 4, 3) 977.3, (32, 32, 128, 4, 3)
 # 1,153; 2,048 tokens (64, 64, 64, 4, 3) 2,757 (first call, sizes not yet constexprs).
-BITS_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+# A sixth number caps the registers (Triton's maxnreg; `fused_moe._config`): these kernels
+# run as fast as the programs an SM holds allow, when the cap spills nothing. Seventh session
+# (same script, two calls, µs): 512 tokens (64, 64, 128, 4, 2, 128) 572.1-576.7 (128
+# registers: 4 programs an SM) vs 597.7-604.5 uncapped (142: 3) and 625.6 for (32, 64, 128,
+# 4, 3); caps that spill lose: 256 tokens (32, 64, 128, 4, 2) 426.2, with 80 registers (6
+# programs, 56 bytes spilled) 485.8, with 72 (7, 64 bytes) 501.5, against (32, 64, 128, 4,
+# 3) 399.4 (5 programs) and (64, 64, 128, 4, 2, 128) 415.5. The down kernel takes the up
+# kernel's tile: its own (64, 128, 4, 2) 407.4, capped at 72 / 64 / 96 registers 410.9 /
+# 425.1 / 426.2, against 401.3 (256 tokens; 581.1 and 602.8 against 572.1 at 512).
+BITS_CONFIGS: list[tuple[int, tuple[int, ...]]] = [
     (256, (16, 64, 128, 2, 3)),
     (1024, (32, 64, 128, 4, 3)),
-    (4096, (32, 64, 128, 4, 3)),
+    (4096, (64, 64, 128, 4, 2, 128)),
     (1 << 62, (64, 128, 128, 8, 3)),
 ]
 # The scale multiply as one inline `mul.rn.bf16x2` (True) or two float32 multiplies of the
@@ -81,9 +90,16 @@ def _half_bf16(v, HIGH: tl.constexpr):
 @triton.jit
 def scale_pairs(sc):
     """Scale bytes (uint8) -> uint32 holding bf16 2^(s - 127 + 126 - OFFSET) in both halves
-    (capped at the largest finite power of two)."""
-    e = tl.minimum(sc.to(tl.uint32) + (126 - OFFSET), 254)
-    return (e << 7) | (e << 23)
+    (capped at the largest finite power of two), in PTX (the GPU only): written in Triton,
+    the widening let the compiler move the bytes into the MMA's register layout first and
+    convert each there in ~5 operations (byte extracts, 16-bit pair min, add, mask,
+    multiply); here min, add and one multiply placing e at bits 7 and 23. K loop of the up
+    kernel at (32, 64, 128, 4, 3): 563 -> 524 SASS instructions (benchmarks/moe_sass.py)."""
+    return tl.inline_asm_elementwise(
+        f"{{ .reg .u32 t; min.u32 t, $1, {254 - (126 - OFFSET)}; add.u32 t, t, {126 - OFFSET};"
+        " mul.lo.u32 $0, t, 0x800080; }",
+        "=r,r", [sc.to(tl.uint32)], dtype=tl.uint32, is_pure=True, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -111,8 +127,16 @@ def float_scales(sc):
 
 
 @triton.jit
+def bits_scales(s_ptr, n_idx, n_ok, k0, K, s_stride_n, BLOCK_K: tl.constexpr):
+    """The scale bytes [N, BLOCK_K / 32] of `bits_dot`'s tile at k0 (0 past K)."""
+    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    return tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :],
+                   mask=n_ok[:, None] & (gs < K // 32)[None, :], other=0)  # fmt: skip
+
+
+@triton.jit
 def bits_dot(
-    acc, a_ptr, a_rows, row_ok, w_ptr, s_ptr, n_idx, n_ok, k0, K, s_stride_n,
+    acc, a_ptr, a_rows, row_ok, w_ptr, sc, n_idx, n_ok, k0, K,
     BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """acc [N, M] += W[n_idx, k0:k0 + BLOCK_K] @ A[a_rows, k0:k0 + BLOCK_K]^T * 2^-OFFSET:
@@ -121,15 +145,17 @@ def bits_dot(
     Hopper's wgmma takes from registers (the dequantized tile skips shared memory), and an
     expert's few rows are the MMA's N (8 to 256 in 8s), not rows of a 64-row tile. Each
     word's two values of position q sit side by side in K, so the bf16x2 product is an
-    operand register as it is: four dots of BLOCK_K / 4. K need not divide by BLOCK_K."""
+    operand register as it is: four dots of BLOCK_K / 4. K need not divide by BLOCK_K.
+    `sc`: the tile's scale bytes (`bits_scales`). Triton's pipelining stages the words and
+    activations through shared memory but loads these in the step that uses them; loaded
+    one step ahead by hand (H100, 2026-11-28) the up kernel took 121 registers instead of
+    95, 4 programs an SM instead of 5, and the layer at 256 tokens 441.8 us against 399.8:
+    these kernels are bound by how many programs an SM holds, not by that wait."""
     dtype = a_ptr.dtype.element_ty
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     w_ok = wi < K // 8
     words = tl.load(w_ptr + n_idx[:, None] * (K // 8) + wi[None, :],
                     mask=n_ok[:, None] & w_ok[None, :], other=0).to(tl.uint32, bitcast=True)  # fmt: skip
-    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    sc = tl.load(s_ptr + n_idx[:, None] * s_stride_n + gs[None, :],
-                 mask=n_ok[:, None] & (gs < K // 32)[None, :], other=0)  # fmt: skip
     scale = scale_pairs(sc) if ASM else float_scales(sc)
     scale = tl.reshape(
         tl.broadcast_to(scale[:, :, None], (scale.shape[0], BLOCK_K // 32, 4)),
@@ -165,6 +191,15 @@ def pair_order(x: torch.Tensor) -> torch.Tensor:
 def pair_column(n, K):
     """Where value n of a K-wide row goes in pair order (`pair_order`)."""
     return (n % 4) * (K // 4) + 2 * (n // 8) + (n % 8) // 4
+
+
+@triton.jit
+def write_pair_order(x_ptr, out_ptr, t, K: tl.constexpr, BLOCK: tl.constexpr):
+    """Row t of x [T, K] (K <= BLOCK) into row t of out in pair order (`pair_order`)."""
+    n = tl.arange(0, BLOCK)
+    ok = n < K
+    x = tl.load(x_ptr + t * K + n, mask=ok, other=0.0)
+    tl.store(out_ptr + t * K + pair_column(n, K), x, mask=ok)
 
 
 def use_asm() -> bool:

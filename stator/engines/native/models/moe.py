@@ -69,11 +69,17 @@ class MoE(nn.Module):
             from stator.engines.native.kernels import fused_moe as fm
             from stator.engines.native.kernels.moe_route import route
 
-            # The router kernel also writes x as the streaming kernels' fp16 pairs, where
-            # they take them (decode of a few tokens): one launch less a layer.
-            pairs = fm.takes_pairs(x, self)
-            weights, ids, *x_pairs = route(self.router(x), self.top_k, x if pairs else None)
-            y = fm.fused_moe(x, weights, ids, self, x_pairs=tuple(x_pairs) if pairs else None)
+            # The router kernel also writes x in the layout the MoE's kernels read it in
+            # (the streaming kernels' fp16 pairs, the bit-wise GEMMs' pair order), where
+            # they take one: one launch less a layer.
+            layout = fm.x_layout(x, self)
+            logits = self.router(x)
+            if layout is None:
+                weights, ids = route(logits, self.top_k)
+                y = fm.fused_moe(x, weights, ids, self)
+            else:
+                weights, ids, *x_as = route(logits, self.top_k, x, layout)
+                y = fm.fused_moe(x, weights, ids, self, x_as=tuple(x_as))
         else:
             weights, ids = self.route(x)
             y = self._reference(x, weights, ids)
