@@ -117,6 +117,8 @@ class PiecewiseGraphs:
         self.hidden = act(max_tokens, hidden)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self._device = device
+        self.pool_bytes = 0  # what the captured graphs hold besides the buffers above
+        self.capture_s = 0.0
 
     @property
     def max_tokens(self) -> int:
@@ -157,9 +159,16 @@ class PiecewiseGraphs:
         self.k[:b].copy_(k)
         self.v[:b].copy_(v)
 
+    def buffer_bytes(self) -> int:
+        """The persistent step buffers the graphs read and write (their pool is extra)."""
+        bufs = (self.input_ids, self.positions, self.slot_mapping, self.residual, self.q)
+        bufs += (self.k, self.v, self.attn_out, self.hidden)
+        return sum(t.numel() * t.element_size() for t in bufs)
+
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
+        before = torch.cuda.memory_allocated(self._device)
         # `torch.cuda.graph` runs gc.collect() and empty_cache() before every capture:
         # ~20 ms each, times (L + 1) pieces times ~40 buckets. One side stream, one sync
         # per bucket instead.
@@ -187,12 +196,17 @@ class PiecewiseGraphs:
                 set_context(None)
             self.graphs[b] = pieces
         torch.cuda.synchronize(self._device)
+        self.pool_bytes = torch.cuda.memory_allocated(self._device) - before
+        self.capture_s = time.perf_counter() - start
         log.info(
-            "captured piecewise CUDA graphs (%d pieces) for %d token buckets up to %d in %.1f s",
+            "captured piecewise CUDA graphs (%d pieces) for %d token buckets up to %d in %.1f s "
+            "(graph pool %.0f MiB, step buffers %.0f MiB)",
             len(self.layers) + 1,
             len(self.buckets),
             self.max_tokens,
-            time.perf_counter() - start,
+            self.capture_s,
+            self.pool_bytes / 2**20,
+            self.buffer_bytes() / 2**20,
         )
 
     @torch.inference_mode()

@@ -11,12 +11,16 @@ Stage 2, grid (batch * q_head): merges the splits by their log-sum-exp; attentio
 Hooks: `window` > 0 keeps the last `window` keys (the query itself included); `sinks`
 [Hq] float32 logits. A sequence of length 0 (a padded CUDA-graph row) yields zeros.
 The number of splits is a launch constant, so a CUDA graph can fix it per batch size; the
-split length adapts to each sequence's length inside the kernel.
+split length adapts to each sequence's length inside the kernel. The tile (`DecodeTile`:
+tokens per tile, warps, pipeline stages, whether the next tile's pages are loaded a tile
+ahead) is a launch choice too, `STATOR_DECODE_TILE` ("BLOCK_N,WARPS,STAGES,PREFETCH").
 """
 
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -25,8 +29,51 @@ import triton.language as tl
 from stator.engines.native.kernels import pdl, switches
 from stator.engines.native.kernels.pdl import pdl_sync
 
-BLOCK_N = 64
 _LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    """How the split kernel walks a sequence: `block_n` tokens a tile (a power of two, at
+    least 16: the smallest `tl.dot`), `warps` and pipeline `stages` of the launch, and
+    `prefetch`: load the next tile's page numbers while this tile computes, so the key and
+    value loads do not wait on the table load that gives their addresses."""
+
+    block_n: int = 64
+    warps: int = 4
+    stages: int = 2
+    prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        n = self.block_n
+        if n < 16 or n & (n - 1) or self.warps not in (1, 2, 4, 8) or self.stages < 1:
+            raise ValueError(f"bad decode tile {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> DecodeTile:
+        """Text as STATOR_DECODE_TILE takes it: "BLOCK_N,WARPS,STAGES,PREFETCH" ("64,4,2,0")."""
+        try:
+            n, w, st, pf = (int(x) for x in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"a decode tile is BLOCK_N,WARPS,STAGES,PREFETCH (e.g. 64,4,2,0), not {text!r}"
+            ) from None
+        if pf not in (0, 1):
+            raise ValueError(f"a decode tile's PREFETCH is 0 or 1, not {text!r}")
+        return cls(n, w, st, bool(pf))
+
+    def __str__(self) -> str:
+        return f"{self.block_n},{self.warps},{self.stages},{int(self.prefetch)}"
+
+
+def _tile_from_env() -> DecodeTile:
+    raw = os.environ.get("STATOR_DECODE_TILE", "").strip()
+    return DecodeTile.parse(raw) if raw else DecodeTile()
+
+
+#: The split kernel's tile (env STATOR_DECODE_TILE, "BLOCK_N,WARPS,STAGES,PREFETCH").
+TILE = _tile_from_env()
+BLOCK_N = TILE.block_n
 
 
 def _precision(q: torch.Tensor) -> str:
@@ -56,6 +103,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_sync(PDL)
@@ -81,12 +129,19 @@ def _decode_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    table_row = block_table_ptr + b.to(tl.int64) * bt_stride
+    if PREFETCH:  # the first tile's pages; each iteration loads the next tile's
+        first = lo + tl.arange(0, BLOCK_N)
+        next_page = tl.load(table_row + first // PAGE, mask=first < hi, other=0)
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = cols < hi
-        page = tl.load(
-            block_table_ptr + b.to(tl.int64) * bt_stride + cols // PAGE, mask=ok, other=0
-        )
+        if PREFETCH:
+            page = next_page
+            ahead = cols + BLOCK_N
+            next_page = tl.load(table_row + ahead // PAGE, mask=ahead < hi, other=0)
+        else:
+            page = tl.load(table_row + cols // PAGE, mask=ok, other=0)
         token = page.to(tl.int64) * PAGE + cols % PAGE
         offs = token[:, None] * tok_stride + kvh * HEAD_DIM + dims[None, :]
         k = tl.load(k_cache_ptr + offs, mask=ok[:, None], other=0.0)
@@ -161,6 +216,10 @@ def _decode_merge_kernel(
 #: same call (decode steps of 9-32 sequences 4.88 s vs 5.20 s); batch 1 and batches of
 #: 128+ get the same split count either way.
 PROGRAMS_PER_SM = switches.positive_int("STATOR_DECODE_PROGRAMS_PER_SM", 16)
+#: The fewest splits of a sequence longer than one tile (env STATOR_DECODE_MIN_SPLITS), at
+#: any batch: with one split a program walks its whole sequence and the longest of the batch
+#: sets the step even when the grid fills the GPU many times over.
+MIN_SPLITS = switches.positive_int("STATOR_DECODE_MIN_SPLITS", 1)
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_seq_len: int) -> int:
@@ -175,6 +234,8 @@ def num_splits_for(
     max_seq_len: int,
     sms: int,
     programs_per_sm: int | None = None,
+    block_n: int | None = None,
+    min_splits: int | None = None,
 ) -> int:
     """About `programs_per_sm` (default PROGRAMS_PER_SM) programs per SM, no split shorter
     than one tile, a power of two up to 32. Why more than one wave may pay: a program walks
@@ -185,8 +246,9 @@ def num_splits_for(
     programs per SM, which gives one split from 17 sequences up; batches of 256 read their
     KV at the copy rate."""
     per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
-    by_occupancy = max(1, (per_sm * sms) // max(1, batch * num_kv_heads))
-    by_length = max(1, math.ceil(max_seq_len / BLOCK_N))
+    floor = MIN_SPLITS if min_splits is None else min_splits
+    by_occupancy = max(floor, (per_sm * sms) // max(1, batch * num_kv_heads))
+    by_length = max(1, math.ceil(max_seq_len / (block_n or BLOCK_N)))
     # A power of two: NUM_SPLITS is a constexpr, so each value is a compile; eager mixed
     # steps would otherwise meet any of 1..32 (kernel_warmup.py compiles all six).
     splits = min(by_occupancy, by_length, 32)
@@ -205,9 +267,12 @@ def paged_decode_attention(
     window: int = 0,
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    tile: DecodeTile | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one token per sequence); caches [blocks, page, Hkv, D]; block_table
-    [B, >= ceil(len / page)]; seq_lens [B] keys per sequence (this token's included)."""
+    [B, >= ceil(len / page)]; seq_lens [B] keys per sequence (this token's included);
+    `tile` (default TILE) how the split kernel walks them."""
+    tile = TILE if tile is None else tile
     batch, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
     if q.stride(2) != 1:
@@ -239,13 +304,14 @@ def paged_decode_attention(
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         PAGE=page,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=tile.block_n,
         NUM_SPLITS=num_splits,
         PRECISION=_precision(q),
+        PREFETCH=tile.prefetch,
         PDL=pdl.enabled(q),
         launch_pdl=pdl.enabled(q),
-        num_warps=4,
-        num_stages=2,
+        num_warps=tile.warps,
+        num_stages=tile.stages,
     )
     _decode_merge_kernel[(batch * num_heads,)](
         part_out,
