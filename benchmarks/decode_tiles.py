@@ -7,10 +7,12 @@ warps, pipeline stages, the next tile's pages loaded a tile ahead) and each spli
 (`min_splits` 1 or 2), at the split count `num_splits_for` gives the batch's CUDA-graph
 bucket, over decode steps of the 8B shape (32 query heads, 8 KV heads of 128): ShareGPT-like
 contexts at 16 / 64 / 128 / 256 sequences and heavy-profile contexts at 256, each replayed
-from a CUDA graph over `--layers` distinct caches (the KV does not stay in L2). The pick
-(`pick`) is the lowest summed time that is not slower than the current default by more than
-`GPT_OSS_SLACK` on GPT-OSS's shape (64 query heads, 8 KV heads of 64, window 128, sinks:
-the same kernel). It prints a table and writes `decode_tiles.json` and `decode_tile.env`
+from a CUDA graph over `--layers` distinct caches (the KV does not stay in L2), its output
+checked against the first candidate's. The first, OLD, is the kernel before this sweep (a
+single split merged by the second kernel, which a single pass now skips). The pick (`pick`)
+is the lowest summed time, at least `MIN_GAIN` below the default tile's, that is not slower
+than the default by more than `GPT_OSS_SLACK` on GPT-OSS's shape (64 query heads, 8 KV
+heads of 64, window 128, sinks: the same kernel). It prints a table and writes `decode_tiles.json` and `decode_tile.env`
 (`STATOR_DECODE_TILE=...` and `STATOR_DECODE_MIN_SPLITS=...` lines for the engine).
 
     python benchmarks/decode_tiles.py [--budget-s 40] [--out DIR]
@@ -45,25 +47,26 @@ LLAMA_CASES = (
     ("heavy", 256),
 )
 GPT_OSS_CASES = (("sharegpt", 64), ("sharegpt", 256))
-# Most promising first: a budget cuts the tail. The first is the default before the sweep.
-CANDIDATES = tuple(
-    DecodeTile.parse(t)
-    for t in (
-        "64,4,2,0",
-        "64,4,3,1",
-        "64,4,2,1",
-        "32,4,3,1",
-        "128,8,3,1",
-        "64,4,4,1",
-        "32,2,3,1",
-        "128,4,2,0",
-        "64,8,3,1",
-        "64,4,3,0",
-        "32,4,2,0",
-        "128,8,2,0",
-        "16,2,3,1",
-        "64,2,2,0",
-    )
+# Most promising first: a budget cuts the tail. OLD is the kernel before this sweep (one
+# split merged by the second kernel); DEFAULT the tile before it (one split in one pass).
+OLD = "64,4,2,0+merge"
+DEFAULT = "64,4,2,0"
+CANDIDATES = (
+    OLD,
+    DEFAULT,
+    "64,4,3,1",
+    "64,4,2,1",
+    "32,4,3,1",
+    "128,8,3,1",
+    "64,4,4,1",
+    "32,2,3,1",
+    "128,4,2,0",
+    "64,8,3,1",
+    "64,4,3,0",
+    "32,4,2,0",
+    "128,8,2,0",
+    "16,2,3,1",
+    "64,2,2,0",
 )
 MIN_SPLITS = (1, 2)
 GPT_OSS_SLACK = 0.03  # the pick may be this much slower than the default on GPT-OSS
@@ -79,6 +82,13 @@ def contexts(profile: str, batch: int, rng: random.Random) -> list[int]:
     return [isl + rng.randrange(osl) + 1 for isl, osl in rng.sample(pool, batch)]
 
 
+def variant(name: str) -> tuple[DecodeTile, bool | None]:
+    """A candidate's tile and `single_pass` ("+merge": False, always merged; else the
+    kernel's own choice, one pass at one split)."""
+    text, merged, _ = name.partition("+merge")
+    return DecodeTile.parse(text), (False if merged else None)
+
+
 def pick(
     totals: dict[tuple[str, int], float],
     gpt_oss: dict[tuple[str, int], float],
@@ -90,6 +100,8 @@ def pick(
     default's, whose GPT-OSS time (where measured) is within `slack` of the default's; the
     default when none is. Pure: unit-tested."""
     base = gpt_oss.get(default)
+    if default not in totals:  # not timed (a budget cut): nothing to beat
+        return min(totals, key=totals.get, default=default)
     for key in sorted(totals, key=totals.get):
         if key == default or totals[key] > totals[default] * (1 - gain):
             return default
@@ -128,17 +140,20 @@ class Case:
         self.kv_bytes = sum(read) * 2 * hkv * dim * 2
         self.expected = None
 
-    def us(self, tile: DecodeTile, splits: int) -> tuple[float, float]:
+    def us(self, name: str, splits: int) -> tuple[float, float]:
         """Microseconds a layer of this step's attention takes (split and merge), and the
         output's relative distance from the first tile's (the default's) on this case."""
         from stator.engines.native.kernels.decode_attention import paged_decode_attention
         from stator.engines.native.kernels.gemv import _graph_time
+
+        tile, single = variant(name)
 
         def run() -> None:
             for k, v in self.caches:
                 paged_decode_attention(
                     self.q, k, v, self.table, self.seq_lens, self.scale, num_splits=splits,
                     window=self.window, sinks=self.sinks, out=self.out, tile=tile,
+                    single_pass=single,
                 )  # fmt: skip
 
         if DEVICE == "cpu":
@@ -167,8 +182,9 @@ def _patch_interpreter_index() -> None:
     interp._patch_lang_tensor = patched
 
 
-def sweep(cases: dict, tiles, args, deadline: float) -> dict:
-    """{(str(tile), min_splits): {case: (splits, us)}} for each tile until `deadline`."""
+def sweep(cases: dict, names, args, deadline: float) -> dict:
+    """{(name, min_splits): {case: (splits, us)}} for each candidate until `deadline`;
+    those whose outputs stray from the first's are left out."""
     import torch
 
     from stator.engines.native.cuda_graphs import batch_buckets
@@ -176,30 +192,31 @@ def sweep(cases: dict, tiles, args, deadline: float) -> dict:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 4
     results: dict = {}
-    for tile in tiles:
+    for name in names:
+        tile = variant(name)[0]
         if time.perf_counter() > deadline:
-            print(f"budget spent: {tile} and later candidates not timed", flush=True)
+            print(f"budget spent: {name} and later candidates not timed", flush=True)
             break
         timed: dict = {}
         for floor in MIN_SPLITS:
             row = {}
-            for name, case in cases.items():
+            for label, case in cases.items():
                 bucket = next(b for b in batch_buckets(512) if b >= case.batch)
                 s = num_splits_for(
                     bucket, case.hkv, args.max_model_len, sms,
                     block_n=tile.block_n, min_splits=floor,
                 )  # fmt: skip
-                if (name, s) not in timed:
-                    timed[name, s] = case.us(tile, s)
-                row[name] = (s, timed[name, s][0])
-            worst = max(timed[name, s][1] for name, (s, _) in row.items())
+                if (label, s) not in timed:
+                    timed[label, s] = case.us(name, s)
+                row[label] = (s, timed[label, s][0])
+            worst = max(timed[label, s][1] for label, (s, _) in row.items())
             if worst > MAX_REL_ERR:  # never picked
-                print(f"{tile} min_splits={floor}: WRONG (relative error {worst:.3g})", flush=True)
+                print(f"{name} min_splits={floor}: WRONG (relative error {worst:.3g})", flush=True)
                 continue
-            results[str(tile), floor] = row
+            results[name, floor] = row
             total = sum(us for _, us in row.values())
             cells = "  ".join(f"{n}: s={s} {us:.1f}" for n, (s, us) in row.items())
-            print(f"{tile} min_splits={floor}: total {total:.1f} us | {cells}", flush=True)
+            print(f"{name} min_splits={floor}: total {total:.1f} us | {cells}", flush=True)
     return results
 
 
@@ -224,7 +241,7 @@ def main() -> None:
         cases, gpt_cases, candidates = (
             (("sharegpt", 2), ("heavy", 3)),
             (("sharegpt", 2),),
-            CANDIDATES[:3],
+            CANDIDATES[:3],  # the old kernel, the default tile, one prefetching
         )
     import torch
 
@@ -236,25 +253,28 @@ def main() -> None:
     res = sweep(llama, candidates, args, start + args.budget_s)
     kv_bytes = {name: case.kv_bytes for name, case in llama.items()}
     totals = {k: sum(us for _, us in row.values()) for k, row in res.items()}
-    default = (str(candidates[0]), 1)
-    top = sorted(totals, key=totals.get)[:3]
+    old, default = (OLD, 1), (DEFAULT, 1)
+    pickable = {k: v for k, v in totals.items() if "+merge" not in k[0]}
+    top = sorted(pickable, key=pickable.get)[:3]
     llama.clear()  # their caches' memory, before GPT-OSS's
     gpt = {f"{p}@{b}": Case(GPT_OSS, p, b, args.layers, rng) for p, b in gpt_cases}
-    tiles = {DecodeTile.parse(t) for t, _ in {default, *top}}
-    gres = sweep(gpt, [t for t in candidates if t in tiles], args, float("inf"))
+    names = {old[0], default[0], *(n for n, _ in top)}
+    gres = sweep(gpt, [n for n in candidates if n in names], args, float("inf"))
     gtotals = {k: sum(us for _, us in row.values()) for k, row in gres.items()}
-    chosen = pick(totals, gtotals, default)
-    print(f"copy rate {copy:.2f} TB/s; KV read rate (TB/s) of the default and the pick:")
-    for key in (default, chosen):
+    chosen = pick(pickable, gtotals, default)
+    print(f"copy rate {copy:.2f} TB/s; KV read rate (TB/s) of the old kernel and the pick:")
+    for key in (k for k in (old, chosen) if k in res):
         cells = "  ".join(
             f"{n} s={s} {kv_bytes[n] / us / 1e6:.2f}" for n, (s, us) in res[key].items()
         )
         print(f"  {key[0]} min_splits={key[1]}: {cells}")
-    speedup = totals[default] / totals[chosen]
-    g = (gtotals.get(chosen, float("nan")), gtotals.get(default, float("nan")))
+    nan = float("nan")
     print(
-        f"PICK tile={chosen[0]} min_splits={chosen[1]}: Llama cases {totals[chosen]:.1f} vs "
-        f"{totals[default]:.1f} us ({speedup:.3f}x); GPT-OSS {g[0]:.1f} vs {g[1]:.1f} us",
+        f"PICK tile={chosen[0]} min_splits={chosen[1]}: Llama cases {totals.get(chosen, nan):.1f} "
+        f"us vs old {totals.get(old, nan):.1f} "
+        f"({totals.get(old, nan) / totals.get(chosen, nan):.3f}x), default tile "
+        f"{totals.get(default, nan):.1f}; GPT-OSS {gtotals.get(chosen, nan):.1f} vs old "
+        f"{gtotals.get(old, nan):.1f} us",
         flush=True,
     )
     out = Path(args.out)

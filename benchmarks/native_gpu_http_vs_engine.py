@@ -168,6 +168,8 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             print(f"LEDGER {label or name}\n{format_ledger(led)}", flush=True)
             path = Path(args.out) / f"ledger_{label or name}.json"
             path.write_text(json.dumps(led["rows"]))
+        run = {k: out[k] for k in ("seconds", "output_tokens", "output_tok_s")}
+        print(f"RUN {label or name} {json.dumps(run)}", flush=True)  # before a cut
         return out
 
     ids = itertools.count()

@@ -25,3 +25,8 @@ def test_the_default_stays_when_nothing_is_clearly_faster():
     assert pick({DEFAULT: 100.0, ("64,4,3,1", 1): 120.0}, {}, DEFAULT) == DEFAULT
     slower_gpt = {DEFAULT: 50.0, ("64,4,3,1", 1): 60.0}
     assert pick({DEFAULT: 100.0, ("64,4,3,1", 1): 80.0}, slower_gpt, DEFAULT) == DEFAULT
+
+
+def test_without_the_default_timed_the_fastest_measured_wins():
+    assert pick({("64,4,3,1", 1): 80.0, ("32,4,3,1", 2): 90.0}, {}, DEFAULT) == ("64,4,3,1", 1)
+    assert pick({}, {}, DEFAULT) == DEFAULT

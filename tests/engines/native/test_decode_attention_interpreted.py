@@ -1,8 +1,9 @@
 """The split-K decode attention kernel (kernels/decode_attention.py) run by Triton's
 interpreter on the CPU in float32, against a plain softmax over the gathered keys: every
 tile shape the GPU sweep picks among (16-128 tokens a tile, the next tile's pages loaded a
-tile ahead or not), with one split and several, GQA groups of 4 (Llama) and 8 with a
-window and sinks (GPT-OSS), pages scattered over the cache, a padded row (length 0)."""
+tile ahead or not), with one split (in one pass or merged) and several, GQA groups of 4
+(Llama) and 8 with a window and sinks (GPT-OSS), pages scattered over the cache, a padded
+row (length 0)."""
 
 from __future__ import annotations
 
@@ -60,14 +61,15 @@ for group, dim, window, with_sinks in ((4, 32, 0, False), (8, 16, 48, True)):
     scale = dim**-0.5
     ref = reference(q, k_cache, v_cache, table, lens, scale, window, sinks)
     for tile in TILES:
-        for splits in (1, 4):
+        # One split writes the output in one pass unless told to merge; four always merge.
+        for splits, single in ((1, None), (1, False), (4, None)):
             out = torch.full_like(q, float("nan"))
             paged_decode_attention(
                 q, k_cache, v_cache, table, seq_lens, scale, num_splits=splits,
-                window=window, sinks=sinks, out=out, tile=tile,
+                window=window, sinks=sinks, out=out, tile=tile, single_pass=single,
             )
             err = (out - ref).abs().max().item()
-            assert err < 1e-4, (group, tile, splits, err)
+            assert err < 1e-4, (group, tile, splits, single, err)
 print("ok")
 """
 )
@@ -91,3 +93,17 @@ def test_a_tile_parses_from_its_switch_text_and_refuses_bad_ones():
     for bad in ("48,4,2,0", "64,3,2,0", "64,4,0,0", "64,4,2,2", "64,4,2", "fast"):
         with pytest.raises(ValueError, match="decode tile"):
             DecodeTile.parse(bad)
+
+
+def test_a_single_pass_needs_one_split():
+    import torch
+
+    from stator.engines.native.kernels.decode_attention import paged_decode_attention
+
+    q = torch.zeros(1, 4, 16)
+    cache = torch.zeros(1, 16, 1, 16)
+    table = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="one split"):
+        paged_decode_attention(
+            q, cache, cache, table, torch.ones(1), 1.0, num_splits=2, single_pass=True
+        )

@@ -29,3 +29,14 @@ def test_splits_are_powers_of_two_up_to_32_for_every_batch():
         for batch in range(1, 513):
             s = num_splits_for(batch, heads, LONG, H100_SMS, 16)
             assert 1 <= s <= 32 and s & (s - 1) == 0, (batch, heads, s)
+
+
+def test_a_split_floor_splits_full_batches_but_no_split_is_shorter_than_a_tile():
+    assert num_splits_for(256, 8, LONG, H100_SMS, 16, min_splits=2) == 2
+    assert num_splits_for(128, 8, LONG, H100_SMS, 16, min_splits=2) == 2  # the rule's own 2
+    assert num_splits_for(256, 8, BLOCK_N, H100_SMS, 16, min_splits=2) == 1
+
+
+def test_the_tile_length_bounds_the_split_count():
+    assert num_splits_for(1, 8, 128, H100_SMS, 16, block_n=32) == 4
+    assert num_splits_for(1, 8, 128, H100_SMS, 16, block_n=128) == 1

@@ -6,7 +6,9 @@ value is read from memory once per group. Each program walks its share of the se
 tokens in BLOCK_N tiles, looking up each token's page in the block table, with an online
 softmax in float32 (base 2), and writes a partial output and its log-sum-exp.
 Stage 2, grid (batch * q_head): merges the splits by their log-sum-exp; attention sinks
-(one logit per head, no value) only add to the denominator, so they live here.
+(one logit per head, no value) only add to the denominator, so they live here. With one
+split there is nothing to merge: stage 1 writes the output (sinks included) and stage 2
+does not run, which saves a launch and a float32 round trip of every row.
 
 Hooks: `window` > 0 keeps the last `window` keys (the query itself included); `sinks`
 [Hq] float32 logits. A sequence of length 0 (a padded CUDA-graph row) yields zeros.
@@ -90,8 +92,12 @@ def _decode_split_kernel(
     seq_lens_ptr,
     part_out_ptr,
     part_lse_ptr,
+    sinks_ptr,
+    out_ptr,
     q_stride_t,
     q_stride_h,
+    out_stride_t,
+    out_stride_h,
     bt_stride,
     scale_log2,
     window,
@@ -104,6 +110,8 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
     PREFETCH: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_sync(PDL)
@@ -155,15 +163,31 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     has = l_i > 0
-    out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    row_index = (b * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split  # [B, Hq, S]
-    tl.store(part_lse_ptr + row_index, lse, mask=row_ok)
-    tl.store(
-        part_out_ptr + row_index[:, None].to(tl.int64) * HEAD_DIM + dims[None, :],
-        out,
-        mask=row_ok[:, None],
-    )
+    if SINGLE_PASS:  # one split: the output itself, sinks in its denominator, no merge
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32)
+            sink = sink * 1.4426950408889634
+            m = tl.maximum(m_i, sink)
+            keep = tl.exp2(m_i - m)  # 0 for a row without keys (m_i = -inf)
+            l_i = l_i * keep + tl.exp2(sink - m)
+            acc = acc * keep[:, None]
+            has = l_i > 0
+        final = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        tl.store(
+            out_ptr + b.to(tl.int64) * out_stride_t + heads[:, None] * out_stride_h + dims[None, :],
+            final.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+    else:
+        out = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        row_index = (b * NUM_KV_HEADS * GROUP + heads) * NUM_SPLITS + split  # [B, Hq, S]
+        tl.store(part_lse_ptr + row_index, lse, mask=row_ok)
+        tl.store(
+            part_out_ptr + row_index[:, None].to(tl.int64) * HEAD_DIM + dims[None, :],
+            out,
+            mask=row_ok[:, None],
+        )
 
 
 @triton.jit
@@ -268,11 +292,16 @@ def paged_decode_attention(
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     tile: DecodeTile | None = None,
+    single_pass: bool | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] (one token per sequence); caches [blocks, page, Hkv, D]; block_table
     [B, >= ceil(len / page)]; seq_lens [B] keys per sequence (this token's included);
-    `tile` (default TILE) how the split kernel walks them."""
+    `tile` (default TILE) how the split kernel walks them; `single_pass` (default: with one
+    split) the split kernel writes the output itself and no merge runs."""
     tile = TILE if tile is None else tile
+    single = num_splits == 1 if single_pass is None else single_pass
+    if single and num_splits != 1:
+        raise ValueError("a single pass needs one split")
     batch, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
     if q.stride(2) != 1:
@@ -280,10 +309,11 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(q)
+    parts = 0 if single else batch  # a single pass writes no partial results
     part_out = torch.empty(
-        (batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        (parts, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
     )
-    part_lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((parts, num_heads, num_splits), dtype=torch.float32, device=q.device)
     if batch == 0:
         return out
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
@@ -294,8 +324,12 @@ def paged_decode_attention(
         seq_lens,
         part_out,
         part_lse,
+        sinks if sinks is not None else part_lse,
+        out,
         q.stride(0),
         q.stride(1),
+        out.stride(0),
+        out.stride(1),
         block_table.stride(0),
         scale * _LOG2E,
         window,
@@ -308,11 +342,15 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits,
         PRECISION=_precision(q),
         PREFETCH=tile.prefetch,
+        SINGLE_PASS=single,
+        HAS_SINKS=sinks is not None,
         PDL=pdl.enabled(q),
         launch_pdl=pdl.enabled(q),
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
+    if single:
+        return out
     _decode_merge_kernel[(batch * num_heads,)](
         part_out,
         part_lse,
