@@ -64,9 +64,7 @@ CANDIDATES = (
     "64,8,3,1",
     "64,4,3,0",
     "32,4,2,0",
-    "128,8,2,0",
     "16,2,3,1",
-    "64,2,2,0",
 )
 MIN_SPLITS = (1, 2)
 GPT_OSS_SLACK = 0.03  # the pick may be this much slower than the default on GPT-OSS
