@@ -8,11 +8,12 @@ warps, pipeline stages, the next tile's pages loaded a tile ahead) and each spli
 bucket, over decode steps of the 8B shape (32 query heads, 8 KV heads of 128): ShareGPT-like
 contexts at 16 / 64 / 128 / 256 sequences and heavy-profile contexts at 256, each replayed
 from a CUDA graph over `--layers` distinct caches (the KV does not stay in L2), its output
-checked against the first candidate's. The first, OLD, is the kernel before this sweep (a
-single split merged by the second kernel, which a single pass now skips). The pick (`pick`)
-is the lowest summed time, at least `MIN_GAIN` below the default tile's, that is not slower
-than the default by more than `GPT_OSS_SLACK` on GPT-OSS's shape (64 query heads, 8 KV
-heads of 64, window 128, sinks: the same kernel). It prints a table and writes `decode_tiles.json` and `decode_tile.env`
+checked against the first candidate's. The first, OLD, is the kernel before the first sweep
+(a single split merged by the second kernel, which a single pass now skips); DEFAULT
+("auto") the kernel's own tile by shape (`tile_for`). The pick (`pick`) is the lowest
+summed time, at least `MIN_GAIN` below the default's, that is not slower than the default
+by more than `GPT_OSS_SLACK` on GPT-OSS's shape (64 query heads, 8 KV heads of 64, window
+128, sinks: the same kernel). It prints a table and writes `decode_tiles.json` and `decode_tile.env`
 (`STATOR_DECODE_TILE=...` and `STATOR_DECODE_MIN_SPLITS=...` lines for the engine).
 
     python benchmarks/decode_tiles.py [--budget-s 40] [--out DIR]
@@ -47,13 +48,14 @@ LLAMA_CASES = (
     ("heavy", 256),
 )
 GPT_OSS_CASES = (("sharegpt", 64), ("sharegpt", 256))
-# Most promising first: a budget cuts the tail. OLD is the kernel before this sweep (one
-# split merged by the second kernel); DEFAULT the tile before it (one split in one pass).
+# Most promising first: a budget cuts the tail. OLD is the kernel before the first sweep
+# (one split merged by the second kernel); DEFAULT the kernel's own pick by shape.
 OLD = "64,4,2,0+merge"
-DEFAULT = "64,4,2,0"
+DEFAULT = "auto"
 CANDIDATES = (
     OLD,
     DEFAULT,
+    "64,4,2,0",
     "64,4,3,1",
     "64,4,2,1",
     "32,4,3,1",
@@ -80,11 +82,11 @@ def contexts(profile: str, batch: int, rng: random.Random) -> list[int]:
     return [isl + rng.randrange(osl) + 1 for isl, osl in rng.sample(pool, batch)]
 
 
-def variant(name: str) -> tuple[DecodeTile, bool | None]:
-    """A candidate's tile and `single_pass` ("+merge": False, always merged; else the
-    kernel's own choice, one pass at one split)."""
+def variant(name: str) -> tuple[DecodeTile | None, bool | None]:
+    """A candidate's tile (None: "auto", the kernel's `tile_for`) and `single_pass`
+    ("+merge": False, always merged; else the kernel's own choice, one pass at one split)."""
     text, merged, _ = name.partition("+merge")
-    return DecodeTile.parse(text), (False if merged else None)
+    return (None if text == DEFAULT else DecodeTile.parse(text)), (False if merged else None)
 
 
 def pick(
@@ -95,8 +97,8 @@ def pick(
     gain: float = MIN_GAIN,
 ) -> tuple[str, int]:
     """The (tile, min_splits) of least summed Llama time, at least `gain` below the
-    default's, whose GPT-OSS time (where measured) is within `slack` of the default's; the
-    default when none is. Pure: unit-tested."""
+    default's, whose GPT-OSS time is within `slack` of the default's (unchecked only when
+    the default's was not timed either); the default when none is. Pure: unit-tested."""
     base = gpt_oss.get(default)
     if default not in totals:  # not timed (a budget cut): nothing to beat
         return min(totals, key=totals.get, default=default)
@@ -104,7 +106,7 @@ def pick(
         if key == default or totals[key] > totals[default] * (1 - gain):
             return default
         mine = gpt_oss.get(key)
-        if mine is None or base is None or mine <= base * (1 + slack):
+        if base is None or (mine is not None and mine <= base * (1 + slack)):
             return key
     return default
 
@@ -192,6 +194,7 @@ def sweep(cases: dict, names, args, deadline: float) -> dict:
     results: dict = {}
     for name in names:
         tile = variant(name)[0]
+        block_n = tile.block_n if tile is not None else None
         if time.perf_counter() > deadline:
             print(f"budget spent: {name} and later candidates not timed", flush=True)
             break
@@ -202,7 +205,7 @@ def sweep(cases: dict, names, args, deadline: float) -> dict:
                 bucket = next(b for b in batch_buckets(512) if b >= case.batch)
                 s = num_splits_for(
                     bucket, case.hkv, args.max_model_len, sms,
-                    block_n=tile.block_n, min_splits=floor,
+                    block_n=block_n, min_splits=floor,
                 )  # fmt: skip
                 if (label, s) not in timed:
                     timed[label, s] = case.us(name, s)
@@ -290,9 +293,8 @@ def main() -> None:
             indent=1,
         )
     )
-    (out / "decode_tile.env").write_text(
-        f"STATOR_DECODE_TILE={chosen[0]}\nSTATOR_DECODE_MIN_SPLITS={chosen[1]}\n"
-    )
+    forced = "" if chosen[0] == DEFAULT else f"STATOR_DECODE_TILE={chosen[0]}\n"
+    (out / "decode_tile.env").write_text(f"{forced}STATOR_DECODE_MIN_SPLITS={chosen[1]}\n")
 
 
 if __name__ == "__main__":

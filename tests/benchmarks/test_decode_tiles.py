@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from benchmarks.decode_tiles import pick
 
-DEFAULT = ("64,4,2,0", 1)
+DEFAULT = ("auto", 1)
 
 
 def test_the_fastest_tile_wins_when_gpt_oss_keeps_its_speed():
@@ -30,3 +30,10 @@ def test_the_default_stays_when_nothing_is_clearly_faster():
 def test_without_the_default_timed_the_fastest_measured_wins():
     assert pick({("64,4,3,1", 1): 80.0, ("32,4,3,1", 2): 90.0}, {}, DEFAULT) == ("64,4,3,1", 1)
     assert pick({}, {}, DEFAULT) == DEFAULT
+
+
+def test_a_tile_whose_gpt_oss_time_was_not_taken_is_not_picked():
+    totals = {DEFAULT: 100.0, ("64,8,3,1", 1): 80.0, ("32,4,3,1", 2): 90.0}
+    gpt = {DEFAULT: 50.0, ("32,4,3,1", 2): 50.0}
+    assert pick(totals, gpt, DEFAULT) == ("32,4,3,1", 2)
+    assert pick(totals, {}, DEFAULT) == ("64,8,3,1", 1)  # none timed: the Llama time alone

@@ -24,8 +24,11 @@ about 3 of 4 launches of a mixed step. Measured on an H100 (8B shape, bf16): a s
 launches alone cost the host ~30 ms a step: 240 decodes plus a 600-token prompt took 21.6 ms
 as pieces against 35.0 ms eagerly (GPU busy 97% against 61%), and whole ShareGPT-like runs
 (mixed steps of ~760 tokens) were 1.06x faster with pieces up to 2,048 tokens. Past ~1,000
-tokens a step's matmuls bound it anyway and the padding (64-token buckets there) and the
-q/k/v copies cost ~2-3%, hence the default limit of 1,024 tokens (`--piecewise-max-tokens`).
+tokens a step's matmuls bound it anyway: 240 decodes plus a 1,400 / 1,800-token prompt took
+42.0 / 53.1 ms as pieces against 41.9 / 52.4 ms eagerly, the GPU busy 98-99% of it either
+way, and whole runs with pieces up to 2,048 tokens (80 buckets: 4.3 s of capture, a 32 MiB
+pool and 72 MiB of buffers) were no faster in their 1,025-2,048-token steps (H100,
+2026-11-28), hence the default limit of 1,024 tokens (`--piecewise-max-tokens`).
 
 Covered: dense decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2,
 Qwen3), one device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary

@@ -100,4 +100,5 @@ def test_the_kernels_read_their_switches():
         == decode_attention.PROGRAMS_PER_SM
     )
     assert (os.environ.get("STATOR_MXFP4_GEMM") or None) == fused_moe.MXFP4_GEMM
-    assert str(decode_attention.TILE) == (os.environ.get("STATOR_DECODE_TILE") or "64,4,2,0")
+    forced = os.environ.get("STATOR_DECODE_TILE")
+    assert (decode_attention.DecodeTile.parse(forced) if forced else None) == decode_attention.TILE

@@ -131,7 +131,7 @@ def test_cuda_piecewise_graphs_match_eager_on_a_mixed_step(checkpoints, name, dt
     model_dir, _ = checkpoints(name)
     runner = core_for(model_dir, device="cuda", dtype=dtype, kv_cache_memory="64MiB").runner
     limit = min(runner.config.piecewise_max_tokens, runner.config.max_num_batched_tokens)
-    assert runner.piecewise is not None and runner.piecewise.max_tokens == limit == 2048
+    assert runner.piecewise is not None and runner.piecewise.max_tokens == limit == 1024
     inputs = _mixed_step(runner)
     graphed = step_graphs.run(runner, inputs)
     assert graphed is not None

@@ -15,7 +15,8 @@ Hooks: `window` > 0 keeps the last `window` keys (the query itself included); `s
 The number of splits is a launch constant, so a CUDA graph can fix it per batch size; the
 split length adapts to each sequence's length inside the kernel. The tile (`DecodeTile`:
 tokens per tile, warps, pipeline stages, whether the next tile's pages are loaded a tile
-ahead) is a launch choice too, `STATOR_DECODE_TILE` ("BLOCK_N,WARPS,STAGES,PREFETCH").
+ahead) is a launch choice too: `tile_for` picks it by head size and split count, and
+`STATOR_DECODE_TILE` ("BLOCK_N,WARPS,STAGES,PREFETCH") forces one.
 """
 
 from __future__ import annotations
@@ -68,14 +69,33 @@ class DecodeTile:
         return f"{self.block_n},{self.warps},{self.stages},{int(self.prefetch)}"
 
 
-def _tile_from_env() -> DecodeTile:
+def _tile_from_env() -> DecodeTile | None:
     raw = os.environ.get("STATOR_DECODE_TILE", "").strip()
-    return DecodeTile.parse(raw) if raw else DecodeTile()
+    return DecodeTile.parse(raw) if raw else None
 
 
-#: The split kernel's tile (env STATOR_DECODE_TILE, "BLOCK_N,WARPS,STAGES,PREFETCH").
+#: A tile forced for every launch (env STATOR_DECODE_TILE, "BLOCK_N,WARPS,STAGES,PREFETCH");
+#: None: `tile_for` picks by shape.
 TILE = _tile_from_env()
-BLOCK_N = TILE.block_n
+BLOCK_N = 64  # the tiles `tile_for` picks; a forced tile's own length bounds the splits
+_SHORT = DecodeTile(64, 4, 2, False)
+_LONG = DecodeTile(64, 4, 3, True)
+
+
+def tile_for(head_dim: int, num_splits: int) -> DecodeTile:
+    """The forced tile if any; else, for heads of 128 walked in 4 splits or fewer (long
+    walks: large batches), three pipeline stages with the next tile's pages loaded a tile
+    ahead; two stages otherwise (and for other head sizes: not measured, and 256-wide
+    heads would need 3 x 64 KB of shared memory). Measured on an H100, the kernel alone over ShareGPT-like
+    and heavy contexts (`benchmarks/decode_tiles.py`, 2026-11-28; µs a layer, two stages
+    vs three with the pages ahead): 32 q / 8 KV heads of 128 at 256 sequences, 1 split:
+    200.3 vs 166.2 (heavy contexts 294.1 vs 284.9); 128 sequences, 2 splits: 90.4 vs 82.4;
+    64, 4 splits: 52.0 vs 49.5; but 16 sequences, 16 splits (a tile or two each): 19.3 vs
+    23.9. GPT-OSS's 64 q / 8 KV heads of 64 (window 128): 27.7 vs 29.1 at 256, 15.2 vs
+    17.0 at 64."""
+    if TILE is not None:
+        return TILE
+    return _LONG if head_dim == 128 and num_splits <= 4 else _SHORT
 
 
 def _precision(q: torch.Tensor) -> str:
@@ -272,7 +292,8 @@ def num_splits_for(
     per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
     floor = MIN_SPLITS if min_splits is None else min_splits
     by_occupancy = max(floor, (per_sm * sms) // max(1, batch * num_kv_heads))
-    by_length = max(1, math.ceil(max_seq_len / (block_n or BLOCK_N)))
+    tile_len = block_n or (TILE.block_n if TILE is not None else BLOCK_N)
+    by_length = max(1, math.ceil(max_seq_len / tile_len))
     # A power of two: NUM_SPLITS is a constexpr, so each value is a compile; eager mixed
     # steps would otherwise meet any of 1..32 (kernel_warmup.py compiles all six).
     splits = min(by_occupancy, by_length, 32)
@@ -296,14 +317,14 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """q [B, Hq, D] (one token per sequence); caches [blocks, page, Hkv, D]; block_table
     [B, >= ceil(len / page)]; seq_lens [B] keys per sequence (this token's included);
-    `tile` (default TILE) how the split kernel walks them; `single_pass` (default: with one
-    split) the split kernel writes the output itself and no merge runs."""
-    tile = TILE if tile is None else tile
+    `tile` (default `tile_for` the shape) how the split kernel walks them; `single_pass`
+    (default: with one split) the split kernel writes the output itself, no merge runs."""
     single = num_splits == 1 if single_pass is None else single_pass
     if single and num_splits != 1:
         raise ValueError("a single pass needs one split")
     batch, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
+    tile = tile_for(head_dim, num_splits) if tile is None else tile
     if q.stride(2) != 1:
         raise ValueError("q's last dimension must be contiguous")
     group = num_heads // num_kv_heads
