@@ -56,6 +56,7 @@ def test_long_walks_of_128_wide_heads_take_the_deeper_pipeline(monkeypatch):
     assert [tile_for(128, s) for s in (1, 2, 4, 8, 16)] == [long] * 3 + [short] * 2
     assert tile_for(64, 1) == short  # GPT-OSS: two stages measured faster
     assert tile_for(256, 1) == short
+    assert tile_for(128, 1, elem_bytes=4) == short  # float32 (tests): not measured
 
 
 @pytest.mark.parametrize("splits", [1, 16])

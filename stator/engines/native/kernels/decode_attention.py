@@ -82,20 +82,21 @@ _SHORT = DecodeTile(64, 4, 2, False)
 _LONG = DecodeTile(64, 4, 3, True)
 
 
-def tile_for(head_dim: int, num_splits: int) -> DecodeTile:
-    """The forced tile if any; else, for heads of 128 walked in 4 splits or fewer (long
-    walks: large batches), three pipeline stages with the next tile's pages loaded a tile
-    ahead; two stages otherwise (and for other head sizes: not measured, and 256-wide
-    heads would need 3 x 64 KB of shared memory). Measured on an H100, the kernel alone over ShareGPT-like
-    and heavy contexts (`benchmarks/decode_tiles.py`, 2026-11-28; µs a layer, two stages
-    vs three with the pages ahead): 32 q / 8 KV heads of 128 at 256 sequences, 1 split:
-    200.3 vs 166.2 (heavy contexts 294.1 vs 284.9); 128 sequences, 2 splits: 90.4 vs 82.4;
-    64, 4 splits: 52.0 vs 49.5; but 16 sequences, 16 splits (a tile or two each): 19.3 vs
-    23.9. GPT-OSS's 64 q / 8 KV heads of 64 (window 128): 27.7 vs 29.1 at 256, 15.2 vs
-    17.0 at 64."""
+def tile_for(head_dim: int, num_splits: int, elem_bytes: int = 2) -> DecodeTile:
+    """The forced tile if any; else, for 16-bit heads of 128 walked in 4 splits or fewer
+    (long walks: large batches), three pipeline stages with the next tile's pages loaded a
+    tile ahead; two stages otherwise (other head sizes and float32 are not measured, and
+    their deeper pipeline could outgrow shared memory). Measured on an H100, the kernel
+    alone over ShareGPT-like and heavy contexts (`benchmarks/decode_tiles.py`, 2026-11-28;
+    µs a layer, two stages vs three with the pages ahead): 32 q / 8 KV heads of 128 at 256
+    sequences, 1 split: 200.3 vs 166.2 (heavy contexts 294.1 vs 284.9); 128 sequences, 2
+    splits: 90.4 vs 82.4; 64, 4 splits: 52.0 vs 49.5; but 16 sequences, 16 splits (a tile
+    or two each): 19.3 vs 23.9. GPT-OSS's 64 q / 8 KV heads of 64 (window 128): 27.7 vs
+    29.1 at 256, 15.2 vs 17.0 at 64."""
     if TILE is not None:
         return TILE
-    return _LONG if head_dim == 128 and num_splits <= 4 else _SHORT
+    deep = head_dim == 128 and num_splits <= 4 and elem_bytes == 2
+    return _LONG if deep else _SHORT
 
 
 def _precision(q: torch.Tensor) -> str:
@@ -324,7 +325,7 @@ def paged_decode_attention(
         raise ValueError("a single pass needs one split")
     batch, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
-    tile = tile_for(head_dim, num_splits) if tile is None else tile
+    tile = tile_for(head_dim, num_splits, q.element_size()) if tile is None else tile
     if q.stride(2) != 1:
         raise ValueError("q's last dimension must be contiguous")
     group = num_heads // num_kv_heads
