@@ -111,6 +111,15 @@ class GptOssForCausalLM(nn.Module):
             DecoderLayer(spec, SinkAttention(spec, backend, rotary, windows[i]), MoE(spec, packed))
             for i in range(spec.num_layers)
         ]
+        for layer in layers:
+            # Fused epilogues on CUDA (`epilogues.py`), as the dense Llama layers: q/k/v's
+            # split-K sums in the RoPE + KV store kernel, o's in the residual add + norm,
+            # the router's in the routing kernel (models/moe.py). Before (2026-11-28, H100,
+            # batch 1): RoPE, KV store and three split-sum kernels a layer on their own, and
+            # the o projection on cuBLAS (13 us a call; its GEMV is timed without the sum).
+            layer.fused_epilogues = layer.self_attn.fused_epilogues = True
+            attn = layer.self_attn
+            attn.qkv_proj.epilogue = attn.o_proj.epilogue = layer.mlp.router.epilogue = "parts"
         self.model = DecoderModel(spec, layers)
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, spec.tp)
         if spec.tie_word_embeddings:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stator.engines.native import mxfp4, parallel
+from stator.engines.native import epilogues, mxfp4, parallel
 from stator.engines.native.config import ModelSpec
 from stator.engines.native.layers import Linear
 
@@ -70,9 +70,15 @@ class MoE(nn.Module):
             from stator.engines.native.kernels.moe_route import route
 
             # The router kernel also writes x as the streaming kernels' fp16 pairs, where
-            # they take them (decode of a few tokens): one launch less a layer.
+            # they take them (decode of a few tokens): one launch less a layer. With fused
+            # epilogues it also sums the router GEMV's split-K partials: one more.
             pairs = fm.takes_pairs(x, self)
-            weights, ids, *x_pairs = route(self.router(x), self.top_k, x if pairs else None)
+            if epilogues.active(x):
+                logits = epilogues.project(self.router, x)
+                weights, ids, *x_pairs = route(logits.data, self.top_k, x if pairs else None,
+                                               logits.splits, logits.bias)  # fmt: skip
+            else:
+                weights, ids, *x_pairs = route(self.router(x), self.top_k, x if pairs else None)
             y = fm.fused_moe(x, weights, ids, self, x_pairs=tuple(x_pairs) if pairs else None)
         else:
             weights, ids = self.route(x)
