@@ -1,6 +1,6 @@
 """The streaming MoE kernels of a few tokens (moe_gemv.py) on row tiles: the fp16-pair path
-(moe_half2.py) with each program's rows as a 2-D tile [rows, words] and one float32
-accumulator a word that is summed over the row only after the K loop.
+(moe_half2.py) with each program's rows in a tile [groups, rows, 4 words] and one float32
+accumulator a word that is summed over groups and words only after the K loop.
 
 moe_gemv's kernels keep a 4-D tile [experts, rows, groups, 4 words] and sum each step's
 products over the words, scale them per group and add them to a 3-D accumulator inside
@@ -8,8 +8,13 @@ the loop. Compiled for sm_90 (2026-11-28, `ptxas` of Triton 3.6), that loop took
 instructions for one 16-byte load of weights a thread (38 a word), two block-wide
 barriers and a shared-memory round trip (the scales' layout against the sum's), and the
 down kernel loaded its weights 4 bytes at a time with shuffles for the activations. Here
-a thread's words of a step are 16-byte loads along its rows; the scale multiplies each
-word's float32 sum before the add, so nothing moves between threads until the end.
+a thread's words of a step are 16-byte loads; the scale multiplies each word's float32 sum
+before the add, so nothing moves between threads until the end: 31 instructions a word
+(20 of them the e2m1 bits and the fused multiply-adds), no barrier in the loop.
+
+Tried and dropped (H100, 2026-11-28): each program asking L2 for its whole slab of weights
+at its start (`cp.async.bulk.prefetch.L2`, one per expert's rows): one layer 44.9-45.1 us
+against 39.9-40.1 without; the up and down layers' 53 MB do not fit the 50 MB L2 together.
 
 Rows of a program (R = experts * rows): up, slot-major, a row's gate and up interleaved
 (r = slot * 2 BLOCK_N + 2 j + (0 gate | 1 up)); down, slot-minor (r = j * KP + slot), so
@@ -24,33 +29,24 @@ import triton.language as tl
 
 from stator.engines.native.kernels.moe_half2 import _half, e2m1_bits, fma2, pair_index
 
-# (BLOCK_N rows of each expert, groups of 32 values a step, warps) of the up and the down kernel, H100,
-# GPT-OSS-20B: see benchmarks/README.md (issue 16, seventh session).
-UP_CONFIG = (2, 8, 4)
-DOWN_CONFIG = (4, 8, 4)
+# (BLOCK_N rows of each expert, groups of 32 values a step, warps) of the up and the down
+# kernel. H100, GPT-OSS-20B, batch 1, three layers' weights cycled in one CUDA graph (one
+# layer's would stay in L2), 2026-11-28: up (2, 16, 4) 20.3 us a layer (0.58 of the copy
+# rate), (1, 8, 4) 22.5, (4, 8, 4) 23.6, (4, 8, 8) 25.8, (2, 8, 4) 27.0, (8, 4, 4) 31.2;
+# down (2, 16, 4) 10.2 (0.58), (4, 8, 4) 13.7, (2, 8, 4) 14.9, (1, 16, 4) 15.2, (8, 8, 4)
+# 17.0. The whole MoE (routing-free: pairs, up, down) 32.2 us against moe_gemv's 39.0-39.8.
+UP_CONFIG = (2, 16, 4)
+DOWN_CONFIG = (2, 16, 4)
 # Serve the fp16-pair path (moe_gemv.uses_half2) with these kernels; False: moe_gemv's own.
 ENABLED = True
-# Each program first asks L2 for its whole slab of weights (sm_90 bulk prefetch); and the
-# down kernel launches with programmatic dependent launch, loading its first weights while
-# the up kernel runs (sm_90; never in Triton's interpreter).
-PREFETCH = True
+# The down kernel launches with programmatic dependent launch, loading its first weights
+# while the up kernel runs (sm_90; never in Triton's interpreter): one layer 40.07 / 39.86
+# us against 41.07 / 40.80 without (default tiles, H100, 2026-11-28).
 DOWN_PDL = True
 
 
 def _sm90(x: torch.Tensor, asm: bool) -> bool:
     return asm and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
-
-
-@triton.jit
-def _prefetch_l2(start, nbytes, ok):
-    """Ask for `nbytes` at each address of `start` (int64, 16-byte aligned) to be brought
-    into L2 (one bulk prefetch, sm_90) where `ok`: a program's whole slab of weights is in
-    flight at once instead of two steps of it (its loop then reads L2)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r", [start, nbytes, ok], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -110,20 +106,11 @@ def _up_rows_kernel(
     limit, h_scale,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
     LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr,
-    PREFETCH: tl.constexpr, PDL: tl.constexpr, THREADS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     if PDL:  # the down kernel may start (its weights' loads) once every program runs
         tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
-    if PREFETCH:  # each expert's gate rows and up rows of this block: 2 KP chunks
-        c = tl.arange(0, THREADS)
-        c_slot = c // 2
-        c_e = tl.load(ids_ptr + t * TOP_K + c_slot, mask=c_slot < TOP_K, other=0) - first
-        c_ok = (c_slot < TOP_K) & (c_e >= 0) & (c_e < LOCAL)
-        c_row = tl.program_id(1) * BLOCK_N + (c % 2) * INTER
-        start = w_ptr + tl.where(c_ok, c_e, 0).to(tl.int64) * stride_e + c_row * (HIDDEN // 8)
-        _prefetch_l2(start.to(tl.int64, bitcast=True), tl.full([THREADS], BLOCK_N * HIDDEN // 2,
-                     tl.int32), c_ok.to(tl.int32))  # fmt: skip
     r = tl.arange(0, KP * 2 * BLOCK_N)
     slot = r // (2 * BLOCK_N)
     n = tl.program_id(1) * BLOCK_N + (r % (2 * BLOCK_N)) // 2
@@ -163,19 +150,11 @@ def _down_rows_kernel(
     h_inv,
     HIDDEN: tl.constexpr, INTER: tl.constexpr, TOP_K: tl.constexpr, KP: tl.constexpr,
     LOCAL: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr,
-    PREFETCH: tl.constexpr, PDL: tl.constexpr, THREADS: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     # With PDL nothing the up kernel writes is read before `_row_dots` waits: the ids and
     # routing weights come from the routing kernel before it, which has finished.
     t = tl.program_id(0).to(tl.int64)
-    if PREFETCH:  # each expert's rows of this block: KP chunks
-        c = tl.arange(0, THREADS)
-        c_e = tl.load(ids_ptr + t * TOP_K + c, mask=c < TOP_K, other=0) - first
-        c_ok = (c < TOP_K) & (c_e >= 0) & (c_e < LOCAL)
-        start = (w_ptr + tl.where(c_ok, c_e, 0).to(tl.int64) * stride_e
-                 + tl.program_id(1) * BLOCK_N * (INTER // 8))  # fmt: skip
-        _prefetch_l2(start.to(tl.int64, bitcast=True), tl.full([THREADS], BLOCK_N * INTER // 2,
-                     tl.int32), c_ok.to(tl.int32))  # fmt: skip
     r = tl.arange(0, BLOCK_N * KP)
     slot = r % KP
     n = tl.program_id(1) * BLOCK_N + r // KP
@@ -211,8 +190,7 @@ def up(x_pairs, inv, flat_ids, moe, act, shift: int, asm: bool) -> None:
         moe.w13_scales.stride(0), moe.alpha, moe.limit, 2.0**shift,
         HIDDEN=x_pairs.shape[1] * 2, INTER=moe.inter, TOP_K=top_k,
         KP=triton.next_power_of_2(top_k), LOCAL=moe.local, BLOCK_N=block_n, G=g, ASM=asm,
-        PREFETCH=PREFETCH and hopper and moe.inter % block_n == 0, PDL=DOWN_PDL and hopper,
-        THREADS=32 * warps, num_warps=warps, num_stages=1,
+        PDL=DOWN_PDL and hopper, num_warps=warps, num_stages=1,
     )  # fmt: skip
 
 
@@ -228,6 +206,5 @@ def down(act, flat_ids, route_w, moe, out, shift: int, asm: bool) -> None:
         w2.stride(0), moe.w2_scales.stride(0), 2.0**-shift,
         HIDDEN=hidden, INTER=moe.inter, TOP_K=top_k, KP=triton.next_power_of_2(top_k),
         LOCAL=moe.local, BLOCK_N=block_n, G=g, ASM=asm,
-        PREFETCH=PREFETCH and hopper and hidden % block_n == 0, PDL=DOWN_PDL and hopper,
-        THREADS=32 * warps, num_warps=warps, num_stages=1, launch_pdl=DOWN_PDL and hopper,
+        PDL=DOWN_PDL and hopper, num_warps=warps, num_stages=1, launch_pdl=DOWN_PDL and hopper,
     )  # fmt: skip
