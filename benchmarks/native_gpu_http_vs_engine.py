@@ -168,6 +168,8 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             print(f"LEDGER {label or name}\n{format_ledger(led)}", flush=True)
             path = Path(args.out) / f"ledger_{label or name}.json"
             path.write_text(json.dumps(led["rows"]))
+        run = {k: out[k] for k in ("seconds", "output_tokens", "output_tok_s")}
+        print(f"RUN {label or name} {json.dumps(run)}", flush=True)  # before a cut
         return out
 
     ids = itertools.count()
@@ -222,6 +224,25 @@ def engine_alone_main(args: argparse.Namespace) -> None:
             r = mixed_steps(decodes, prompt_len, 12, profile=True, host=True)
             res[f"mixed_step_ms_{decodes}_plus_{prompt_len}"] = r.pop("ms")
             res[f"gpu_busy_{decodes}_plus_{prompt_len}"] = r
+    if args.device == "cuda" and args.long_mixed:
+        # Past the old 1,024-token limit: the same step as pieces and eagerly, one engine.
+        pieces = core.runner.piecewise
+        if pieces is not None:
+            res["piecewise"] = {
+                "max_tokens": pieces.max_tokens,
+                "buckets": len(pieces.buckets),
+                "capture_s": round(pieces.capture_s, 2),
+                "pool_mib": round(pieces.pool_bytes / 2**20),
+                "buffer_mib": round(pieces.buffer_bytes() / 2**20),
+                "kv_blocks": core.runner.num_blocks,
+            }
+        for prompt_len in (1400, 1800):
+            for mode in ("pieces", "eager") if pieces is not None else ("eager",):
+                core.runner.piecewise = pieces if mode == "pieces" else None
+                r = mixed_steps(240, prompt_len, 12, profile=True)
+                res[f"mixed_step_ms_240_plus_{prompt_len}_{mode}"] = r.pop("ms")
+                res[f"gpu_busy_240_plus_{prompt_len}_{mode}"] = r
+        core.runner.piecewise = pieces
     print("MIXED " + json.dumps(res), flush=True)
     for policy in args.policies or [config.scheduling_policy]:
         # One engine, each admission order in turn (the scheduler reads it every step).
@@ -290,6 +311,7 @@ def engine_alone(
     cmd += ["--closed-loop"] if args.closed_loop else []
     cmd += ["--engine-config", config] + (["--profiles-only"] if profiles_only else [])
     cmd += ["--no-mixed"] if profiles_only and args.skip_variant_mixed else []
+    cmd += ["--long-mixed"] if args.long_mixed else []
     with log.open("wb") as handle:
         subprocess.run(
             cmd + (["--unfreeze-gc"] if unfreeze_gc else []),
@@ -356,6 +378,12 @@ def main() -> None:
         choices=("fcfs", "lof"),
         help="engine variants run each profile under each admission order in turn, one "
         "engine (results '<profile>_<policy>'; default: the variant's own policy, once)",
+    )
+    ap.add_argument(
+        "--long-mixed",
+        action="store_true",
+        help="each engine also times mixed steps of 240 decodes + a 1,400 / 1,800-token "
+        "prompt as piecewise graphs and eagerly",
     )
     ap.add_argument("--engine-alone", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rates", default="", help=argparse.SUPPRESS)

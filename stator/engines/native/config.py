@@ -104,7 +104,8 @@ class NativeConfig:
         "Largest step (in tokens) run as piecewise CUDA graphs; larger ones run eagerly. "
         "Eagerly a mixed step's launches cost the host ~30 ms (an H100 step of 240 decodes "
         "+ a 600-token prompt: 35.0 ms eager, 21.6 ms as pieces); past ~1,000 tokens its "
-        "matmuls bound it anyway, and the graphs' padding and copies would cost ~2-3%",
+        "matmuls bound it anyway (240 decodes + a 1,400-token prompt: 42.0 ms as pieces, "
+        "41.9 eager, the GPU busy 98-99% either way)",
     )
     overlap: str = option(
         "auto",

@@ -24,8 +24,11 @@ about 3 of 4 launches of a mixed step. Measured on an H100 (8B shape, bf16): a s
 launches alone cost the host ~30 ms a step: 240 decodes plus a 600-token prompt took 21.6 ms
 as pieces against 35.0 ms eagerly (GPU busy 97% against 61%), and whole ShareGPT-like runs
 (mixed steps of ~760 tokens) were 1.06x faster with pieces up to 2,048 tokens. Past ~1,000
-tokens a step's matmuls bound it anyway and the padding (64-token buckets there) and the
-q/k/v copies cost ~2-3%, hence the default limit of 1,024 tokens (`--piecewise-max-tokens`).
+tokens a step's matmuls bound it anyway: 240 decodes plus a 1,400 / 1,800-token prompt took
+42.0 / 53.1 ms as pieces against 41.9 / 52.4 ms eagerly, the GPU busy 98-99% of it either
+way, and whole runs with pieces up to 2,048 tokens (80 buckets: 4.3 s of capture, a 32 MiB
+pool and 72 MiB of buffers) were no faster in their 1,025-2,048-token steps (H100,
+2026-11-28), hence the default limit of 1,024 tokens (`--piecewise-max-tokens`).
 
 Covered: dense decoders whose class sets `piecewise_graphs` (Llama, Mistral, Qwen2,
 Qwen3), one device. Steps with LoRA adapters, prompt embeddings or EAGLE-3's auxiliary
@@ -117,6 +120,8 @@ class PiecewiseGraphs:
         self.hidden = act(max_tokens, hidden)
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}
         self._device = device
+        self.pool_bytes = 0  # what the captured graphs hold besides the buffers above
+        self.capture_s = 0.0
 
     @property
     def max_tokens(self) -> int:
@@ -157,9 +162,16 @@ class PiecewiseGraphs:
         self.k[:b].copy_(k)
         self.v[:b].copy_(v)
 
+    def buffer_bytes(self) -> int:
+        """The persistent step buffers the graphs read and write (their pool is extra)."""
+        bufs = (self.input_ids, self.positions, self.slot_mapping, self.residual, self.q)
+        bufs += (self.k, self.v, self.attn_out, self.hidden)
+        return sum(t.numel() * t.element_size() for t in bufs)
+
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
+        before = torch.cuda.memory_allocated(self._device)
         # `torch.cuda.graph` runs gc.collect() and empty_cache() before every capture:
         # ~20 ms each, times (L + 1) pieces times ~40 buckets. One side stream, one sync
         # per bucket instead.
@@ -187,12 +199,17 @@ class PiecewiseGraphs:
                 set_context(None)
             self.graphs[b] = pieces
         torch.cuda.synchronize(self._device)
+        self.pool_bytes = torch.cuda.memory_allocated(self._device) - before
+        self.capture_s = time.perf_counter() - start
         log.info(
-            "captured piecewise CUDA graphs (%d pieces) for %d token buckets up to %d in %.1f s",
+            "captured piecewise CUDA graphs (%d pieces) for %d token buckets up to %d in %.1f s "
+            "(graph pool %.0f MiB, step buffers %.0f MiB)",
             len(self.layers) + 1,
             len(self.buckets),
             self.max_tokens,
-            time.perf_counter() - start,
+            self.capture_s,
+            self.pool_bytes / 2**20,
+            self.buffer_bytes() / 2**20,
         )
 
     @torch.inference_mode()

@@ -3,7 +3,15 @@ per SM, bounded by the sequence length and a power of two up to 32 (a constexpr 
 
 from __future__ import annotations
 
-from stator.engines.native.kernels.decode_attention import BLOCK_N, num_splits_for
+import pytest
+
+from stator.engines.native.kernels import decode_attention
+from stator.engines.native.kernels.decode_attention import (
+    BLOCK_N,
+    DecodeTile,
+    num_splits_for,
+    tile_for,
+)
 
 H100_SMS = 132
 LONG = 131072  # a CUDA graph plans for the model's context length
@@ -29,3 +37,31 @@ def test_splits_are_powers_of_two_up_to_32_for_every_batch():
         for batch in range(1, 513):
             s = num_splits_for(batch, heads, LONG, H100_SMS, 16)
             assert 1 <= s <= 32 and s & (s - 1) == 0, (batch, heads, s)
+
+
+def test_a_split_floor_splits_full_batches_but_no_split_is_shorter_than_a_tile():
+    assert num_splits_for(256, 8, LONG, H100_SMS, 16, min_splits=2) == 2
+    assert num_splits_for(128, 8, LONG, H100_SMS, 16, min_splits=2) == 2  # the rule's own 2
+    assert num_splits_for(256, 8, BLOCK_N, H100_SMS, 16, min_splits=2) == 1
+
+
+def test_the_tile_length_bounds_the_split_count():
+    assert num_splits_for(1, 8, 128, H100_SMS, 16, block_n=32) == 4
+    assert num_splits_for(1, 8, 128, H100_SMS, 16, block_n=128) == 1
+
+
+def test_long_walks_of_128_wide_heads_take_the_deeper_pipeline(monkeypatch):
+    monkeypatch.setattr(decode_attention, "TILE", None)
+    long, short = DecodeTile(64, 4, 3, True), DecodeTile(64, 4, 2, False)
+    assert [tile_for(128, s) for s in (1, 2, 4, 8, 16)] == [long] * 3 + [short] * 2
+    assert tile_for(64, 1) == short  # GPT-OSS: two stages measured faster
+    assert tile_for(256, 1) == short
+    assert tile_for(128, 1, elem_bytes=4) == short  # float32 (tests): not measured
+
+
+@pytest.mark.parametrize("splits", [1, 16])
+def test_a_forced_tile_wins_and_its_length_bounds_the_splits(monkeypatch, splits):
+    forced = DecodeTile(32, 2, 3, True)
+    monkeypatch.setattr(decode_attention, "TILE", forced)
+    assert tile_for(128, splits) == forced == tile_for(64, splits)
+    assert num_splits_for(1, 8, 128, H100_SMS, 16) == 4  # 128 tokens: four 32-token tiles

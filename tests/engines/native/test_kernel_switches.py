@@ -61,6 +61,16 @@ def test_choice_reads_one_of_its_values(monkeypatch):
             "STATOR_DECODE_PROGRAMS_PER_SM must be a positive integer, not 'many'",
         ),
         (
+            "kernels.decode_attention",
+            {"STATOR_DECODE_TILE": "64,4"},
+            "a decode tile is BLOCK_N,WARPS,STAGES,PREFETCH (e.g. 64,4,2,0), not '64,4'",
+        ),
+        (
+            "kernels.decode_attention",
+            {"STATOR_DECODE_MIN_SPLITS": "0"},
+            "STATOR_DECODE_MIN_SPLITS must be a positive integer, not '0'",
+        ),
+        (
             "kernels.pdl",
             {"STATOR_PDL": "yes please"},
             "STATOR_PDL must be 1 or 0 (true/false, on/off), not 'yes please'",
@@ -90,3 +100,5 @@ def test_the_kernels_read_their_switches():
         == decode_attention.PROGRAMS_PER_SM
     )
     assert (os.environ.get("STATOR_MXFP4_GEMM") or None) == fused_moe.MXFP4_GEMM
+    forced = os.environ.get("STATOR_DECODE_TILE")
+    assert (decode_attention.DecodeTile.parse(forced) if forced else None) == decode_attention.TILE

@@ -58,12 +58,14 @@ def test_moe_kernels_change_only_at_the_token_boundaries(top_k):
         assert _choice(t * top_k) == _choice(reference * top_k), t
 
 
-def test_warm_up_steps_run_on_a_real_model_and_leave_the_cache_zeroed(checkpoints):
-    model_dir, _ = checkpoints("gpt_oss")
+@pytest.mark.parametrize("name", ["gpt_oss", "llama3"])
+def test_warm_up_steps_run_on_a_real_model_and_leave_the_cache_zeroed(checkpoints, name):
+    model_dir, _ = checkpoints(name)
     request = greedy_request("a", list(range(3, 40)), 6)
     expected = tokens_of(run_all(core_for(model_dir), [request])["a"])
     core = core_for(model_dir, max_num_batched_tokens=300, max_num_seqs=9, max_model_len=128)
     runner = core.runner
+    assert runner.model.kernel_warmup  # on CUDA it runs
     assert not kw.enabled(runner)  # CPU: start-up unchanged
     steps = kw.plan(300, 9, runner.max_model_len, runner.block_size, [7, 40])
     assert len(steps) > 20

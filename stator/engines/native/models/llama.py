@@ -224,6 +224,11 @@ class LlamaForCausalLM(nn.Module):
     # Mixed steps may run as piecewise CUDA graphs (`piecewise.py`): a dense MLP, nothing
     # with a host sync or a data-dependent shape between two attentions.
     piecewise_graphs = True
+    # Compile every kernel variant of mixed and prefill steps at start-up (kernel_warmup.py):
+    # without it the first step whose prompts were all <= 16 tokens compiled the extend
+    # kernel's 16-row tile on the serving path (an 8B-shaped H100 run, ShareGPT-like: 254
+    # decodes + 16 prompt tokens took 534 ms, its neighbours ~20; 2026-11-28).
+    kernel_warmup = True
 
     #: checkpoint module name -> (fused module name, shard)
     packed_modules = {
