@@ -1,7 +1,8 @@
 """The fused-epilogue path of the dense decoder layers (`epilogues.py`, models/llama.py) run
 on the CPU under Triton's interpreter: a prefill step (30 rows: finished outputs) and a
 decode step (2 rows: split-K partial sums, gate/up through the gated GEMV) give the logits
-of the unfused layers with the same GEMV configs, for Llama and Qwen2 (q/k/v bias). On the
+of the unfused layers with the same GEMV configs, for Llama, Qwen2 (q/k/v bias) and GPT-OSS
+(biases, sinks, a sliding window, experts: their output goes to the next norm). On the
 CPU the engine never takes this path (`epilogues.active`); the check forces it."""
 
 from __future__ import annotations
@@ -49,5 +50,5 @@ print("ok")
 
 
 def test_fused_layers_match_the_unfused_layers_in_the_interpreter(checkpoints):
-    dirs = [str(checkpoints(name)[0]) for name in ("llama3", "qwen2")]
+    dirs = [str(checkpoints(name)[0]) for name in ("llama3", "qwen2", "gpt_oss")]
     run_interpreted(f"MODEL_DIRS = {dirs!r}\n" + _CHECK, timeout=600)

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import moe_stream
 from stator.engines.native.kernels.moe_half2 import (
     e2m1_bits,
     h_shift,
@@ -268,6 +269,11 @@ def moe_gemv(
         assert w.is_contiguous()
     flat_ids = ids.reshape(-1).contiguous()
     asm = os.environ.get("TRITON_INTERPRET", "0") != "1"  # the interpreter has no PTX
+    if half2 and moe_stream.ENABLED:  # the row-tile kernels (moe_stream.py)
+        moe_stream.up(a, inv, flat_ids, moe, act, shift, asm)
+        out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+        moe_stream.down(act, flat_ids, weights.reshape(-1).contiguous(), moe, out, shift, asm)
+        return out
     meta = dict(HIDDEN=hidden, INTER=inter, TOP_K=top_k, KP=kp, LOCAL=moe.local,
                 PACKED=moe.packed, HALF2=half2, ASM=asm)  # fmt: skip
     _up_kernel[(tokens, triton.cdiv(inter, block_n))](

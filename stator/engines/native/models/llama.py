@@ -142,7 +142,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         # Whether the o and MLP projections' sums run inside the kernels that consume them
-        # (`epilogues.py`): a dense gated MLP only; set by the model class.
+        # (`epilogues.py`); set by the model class. Another MLP (GPT-OSS's experts) hands
+        # its finished output to the next norm's residual add.
         self.fused_epilogues = False
 
     def forward(
@@ -178,7 +179,9 @@ class DecoderLayer(nn.Module):
         q, k, v = attn.project(positions, h)
         o = epilogues.project(attn.o_proj, attn.attend(q, k, v).flatten(1))
         h = epilogues.add_rms_norm(self.post_attention_layernorm, o, residual)
-        return epilogues.gated_mlp(self.mlp, h), residual
+        if isinstance(self.mlp, GatedMLP):
+            return epilogues.gated_mlp(self.mlp, h), residual
+        return epilogues.Parts(self.mlp(h), 1, None), residual
 
 
 class DecoderModel(nn.Module):

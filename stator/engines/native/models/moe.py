@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from stator.engines.native import mxfp4, parallel
+from stator.engines.native import epilogues, mxfp4, parallel
 from stator.engines.native.config import ModelSpec
 from stator.engines.native.layers import Linear
 
@@ -71,15 +71,17 @@ class MoE(nn.Module):
 
             # The router kernel also writes x in the layout the MoE's kernels read it in
             # (the streaming kernels' fp16 pairs, the bit-wise GEMMs' pair order), where
-            # they take one: one launch less a layer.
+            # they take one: one launch less a layer. With fused epilogues it also sums the
+            # router GEMV's split-K partials: one more.
             layout = fm.x_layout(x, self)
-            logits = self.router(x)
-            if layout is None:
-                weights, ids = route(logits, self.top_k)
-                y = fm.fused_moe(x, weights, ids, self)
+            x_in, as_layout = (None, "half2") if layout is None else (x, layout)
+            if epilogues.active(x):
+                logits = epilogues.project(self.router, x)
+                weights, ids, *x_as = route(logits.data, self.top_k, x_in, logits.splits,
+                                            logits.bias, as_layout)  # fmt: skip
             else:
-                weights, ids, *x_as = route(logits, self.top_k, x, layout)
-                y = fm.fused_moe(x, weights, ids, self, x_as=tuple(x_as))
+                weights, ids, *x_as = route(self.router(x), self.top_k, x_in, x_layout=as_layout)
+            y = fm.fused_moe(x, weights, ids, self, x_as=tuple(x_as) if x_as else None)
         else:
             weights, ids = self.route(x)
             y = self._reference(x, weights, ids)
