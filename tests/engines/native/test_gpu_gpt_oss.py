@@ -154,7 +154,7 @@ def test_router_kernel_matches_torch_topk(tokens):
 @pytest.mark.parametrize("tokens", [64, 256])
 def test_router_written_pair_order_feeds_the_bit_wise_gemms(tokens):
     """MoE.forward at sizes the bit-wise GEMMs serve: the router kernel writes x in pair
-    order (moe_route.route(..., "pair_order")) and the GEMMs read it; the same output bit
+    order (moe_route.route(..., x_layout="pair_order")) and the GEMMs read it; the same output bit
     for bit as fused_moe ordering x itself, and the k pairs' sum (moe_combine.py) within
     rounding of the reference."""
     from stator.engines.native.kernels import fused_moe as fm

@@ -70,7 +70,7 @@ with torch.no_grad():
             fm.MXFP4_GEMM = "bits"
             moe_dequant.MIN_PAIRS = 0  # (the expanded path's check below sets it)
             assert fm.x_layout(xs, moe) == "pair_order", what
-            *_, ordered = route(moe.router(xs), top_k, xs, "pair_order")
+            *_, ordered = route(moe.router(xs), top_k, xs, x_layout="pair_order")
             assert torch.equal(ordered, pair_order(xs)), what
             ours = fm.fused_moe(xs, ws, is_, moe, allow_expand=False, x_as=(ordered,))
             close(ours, ref, ("gemm", "bits", "routed") + what)
