@@ -141,6 +141,15 @@ for pairs, local, block_m in ((40, 5, 16), (1100, 32, 32), (300, 7, 64), (33, 4,
     got, want = align(ids, local, block_m), align_reference(ids, local, block_m)
     assert torch.equal(got[0], want[0]), (pairs, local, block_m, "sorted")
     assert torch.equal(got[1], want[1]), (pairs, local, block_m, "blocks")
+# The model's ids, this rank's experts [first, first + local): the same as the local ids
+# with every other expert set to `local`.
+for pairs, local, first, block_m in ((300, 8, 8, 16), (40, 5, 10, 16), (33, 4, 0, 32)):
+    ids = torch.randint(0, 3 * local, (pairs,), generator=g)
+    local_ids = ids - first
+    local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
+    got, want = align(ids, local, block_m, first), align_reference(local_ids, local, block_m)
+    assert torch.equal(got[0], want[0]), (pairs, local, first, "sorted")
+    assert torch.equal(got[1], want[1]), (pairs, local, first, "blocks")
 print("ok")
 """
 )

@@ -310,9 +310,6 @@ def fused_moe(
         from stator.engines.native.kernels.moe_gemv import moe_gemv
 
         return moe_gemv(x, weights, ids, moe, x_as)
-    local_ids = (ids.reshape(-1) - moe.first).long()
-    if moe.tp.size > 1:
-        local_ids = torch.where((local_ids >= 0) & (local_ids < local), local_ids, local)
     mode = mxfp4_mode(pairs, x.dtype) if moe.packed else "bytes"
     words = _word_wise(mode)
     up_tile = _config(pairs, hidden, inter, mode)
@@ -320,7 +317,8 @@ def fused_moe(
     down_n, down_k, down_warps, down_stages, down_regs = _down_config(
         pairs, hidden, inter, mode, up_tile
     )
-    sorted_ids, block_expert = align(local_ids, local, block_m)
+    # Other ranks' experts are left out by the sort (ids outside [first, first + local)).
+    sorted_ids, block_expert = align(ids.reshape(-1), local, block_m, moe.first)
     num_blocks = block_expert.shape[0]
     if mode == "bits":
         x = x_as[0] if x_as is not None else pair_order(x)

@@ -59,9 +59,9 @@ def align_reference(
     return sorted_ids[:-1], block_expert
 
 
-@triton.jit(do_not_specialize=["num_pairs", "num_rows", "num_blocks"])  # one compile
+@triton.jit(do_not_specialize=["num_pairs", "num_rows", "num_blocks", "first"])  # one compile
 def _align_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_rows, num_blocks,
+    ids_ptr, sorted_ptr, block_expert_ptr, num_pairs, num_rows, num_blocks, first,
     LOCAL: tl.constexpr, E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     es = tl.arange(0, E_PAD)
@@ -73,7 +73,7 @@ def _align_kernel(
     counts = tl.zeros([E_PAD], tl.int32)
     for p0 in range(0, num_pairs, CHUNK):
         p = p0 + offs
-        e = tl.load(ids_ptr + p, mask=p < num_pairs, other=LOCAL)
+        e = tl.load(ids_ptr + p, mask=p < num_pairs, other=LOCAL + first) - first
         counts += tl.sum((e[:, None] == es[None, :]).to(tl.int32), axis=0)
     counts = tl.where(es < LOCAL, counts, 0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
@@ -83,11 +83,12 @@ def _align_kernel(
     seen = tl.zeros([E_PAD], tl.int32)  # each expert's pairs placed so far
     for p0 in range(0, num_pairs, CHUNK):
         p = p0 + offs
-        e = tl.load(ids_ptr + p, mask=p < num_pairs, other=LOCAL)
+        e = tl.load(ids_ptr + p, mask=p < num_pairs, other=LOCAL + first) - first
         onehot = ((e[:, None] == es[None, :]) & (es < LOCAL)[None, :]).to(tl.int32)
         before = tl.cumsum(onehot, axis=0) - onehot + (starts + seen)[None, :]
         place = tl.sum(before * onehot, axis=1)
-        tl.store(sorted_ptr + place, p.to(tl.int64), mask=(p < num_pairs) & (e < LOCAL))
+        ours = (p < num_pairs) & (e >= 0) & (e < LOCAL)  # another rank's expert: not placed
+        tl.store(sorted_ptr + place, p.to(tl.int64), mask=ours)
         seen += tl.sum(onehot, axis=0)
     # Block b's expert: how many experts' padded runs end at or before its first row.
     ends = tl.where(es < LOCAL, ends, 1 << 30)
@@ -97,18 +98,25 @@ def _align_kernel(
         tl.store(block_expert_ptr + b, expert, mask=b < num_blocks)
 
 
-def align(local_ids: torch.Tensor, local: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`align_reference` in one launch: the same tensors, equal element for element."""
-    pairs = local_ids.numel()
+def align(
+    ids: torch.Tensor, local: int, block_m: int, first: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`align_reference` in one launch for expert ids `ids` [T * k] of the whole model, this
+    rank's experts being [first, first + local) (others left out): the same tensors, equal
+    element for element, as for `ids - first` with the others set to `local`. Taking the
+    model's ids spares the launches that made the local ones (a subtraction, and a `where`
+    under tensor parallelism) every layer."""
+    pairs = ids.numel()
     blocks = num_blocks(pairs, local, block_m)
-    sorted_ids = torch.empty(blocks * block_m, dtype=torch.long, device=local_ids.device)
-    block_expert = torch.empty(blocks, dtype=torch.long, device=local_ids.device)
-    # One-hot chunks of ~ONE_HOT values: [256, 32] at 32 experts, [64, 128] at 128. The id
-    # `local` (other ranks' experts) matches no expert column: they are masked.
+    sorted_ids = torch.empty(blocks * block_m, dtype=torch.long, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.long, device=ids.device)
+    # One-hot chunks of ~ONE_HOT values: [256, 32] at 32 experts, [64, 128] at 128. Other
+    # ranks' experts (ids - first outside [0, local)) match no expert column, or a padding
+    # column that is masked.
     e_pad = triton.next_power_of_2(local)
     chunk = max(16, min(1024, ONE_HOT // e_pad))
     _align_kernel[(1,)](
-        local_ids, sorted_ids, block_expert, pairs, blocks * block_m, blocks,
+        ids, sorted_ids, block_expert, pairs, blocks * block_m, blocks, first,
         LOCAL=local, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=chunk, num_warps=WARPS,
     )  # fmt: skip
     return sorted_ids, block_expert
