@@ -72,6 +72,24 @@ def compile_kernel(
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def assemble(compiled) -> tuple[int | None, int | None, str]:
+    """ptxas (sm_90a) on a compiled kernel's PTX: its registers and spill-store bytes as
+    ptxas reports them, and the SASS (cuobjdump)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        done = subprocess.run(
+            [_BIN / "ptxas", "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        sass = subprocess.run(
+            [_BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True
+        ).stdout
+    regs = re.search(r"Used (\d+) registers", done.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", done.stderr)
+    return (int(regs.group(1)) if regs else None, int(spills.group(1)) if spills else None, sass)
+
+
 def loop_opcodes(sass: str) -> tuple[Counter, int]:
     """Opcode counts of the longest backward branch's body, and the kernel's length."""
     lines = [(int(a, 16), op, rest) for a, op, rest in _LINE.findall(sass)]
@@ -100,27 +118,15 @@ def inspect(mode: str, tile: tuple, which: str) -> dict:
     if mode in ("scaled", "bytes"):
         signature["w_ptr"] = "*u8"
     compiled = compile_kernel(kernel, signature, consts, warps, stages, maxnreg)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        ptx.write_text(compiled.asm["ptx"])
-        done = subprocess.run(
-            [_BIN / "ptxas", "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        sass = subprocess.run(
-            [_BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True
-        ).stdout
-    regs = re.search(r"Used (\d+) registers", done.stderr)
-    spills = re.search(r"(\d+) bytes spill stores", done.stderr)
+    regs, spills, sass = assemble(compiled)
     ops, total = loop_opcodes(sass)
     loop = sum(ops.values())
     # weight values one thread dequantizes an iteration (the up kernel: gate and up tiles)
     values = (2 if which == "up" else 1) * block_n * block_k / (32 * warps)
     return {"mode": mode, "tile": tile, "kernel": which,
-            "registers": int(regs.group(1)) if regs else None,
-            "spill_bytes": int(spills.group(1)) if spills else None,
+            "registers": regs, "spill_bytes": spills,
             "shared_bytes": compiled.metadata.shared,
-            "programs_per_sm": programs_per_sm(int(regs.group(1)), compiled.metadata.shared, warps),
+            "programs_per_sm": programs_per_sm(regs, compiled.metadata.shared, warps),
             "kernel_instructions": total, "loop_instructions": loop,
             "per_value": round(loop / values, 2),
             "loop_opcodes": dict(_by_family(ops).most_common(16))}  # fmt: skip

@@ -16,15 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.moe_sass import _BIN, _by_family, available, compile_kernel, loop_opcodes
+from benchmarks.moe_sass import (
+    _BIN,
+    _by_family,
+    assemble,
+    available,
+    compile_kernel,
+    loop_opcodes,
+)
 from stator.engines.native.kernels import moe_gemv, moe_stream
 
 _UP = {"x_ptr": "*i32", "inv_ptr": "*fp32", "ids_ptr": "*i64", "w_ptr": "*i32", "s_ptr": "*u8",
@@ -51,25 +55,13 @@ def inspect(kind: str, tile: tuple[int, int, int], which: str) -> dict:
     names = list(kernel.arg_names)
     signature = {a: t for a, t in (_UP if which == "up" else _DOWN).items() if a in names}
     compiled = compile_kernel(kernel, signature, consts, warps, 1)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
-        ptx.write_text(compiled.asm["ptx"])
-        done = subprocess.run(
-            [_BIN / "ptxas", "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        sass = subprocess.run(
-            [_BIN / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True
-        ).stdout
-    regs = re.search(r"Used (\d+) registers", done.stderr)
-    spills = re.search(r"(\d+) bytes spill stores", done.stderr)
+    regs, spills, sass = assemble(compiled)
     ops, total = loop_opcodes(sass)
     loop = sum(ops.values())
     rows = (2 if which == "up" else 1) * block_n * 4  # 4 experts
     words = rows * groups * 4 / (32 * warps)  # a thread's words an iteration
     return {"kind": kind, "tile": tile, "kernel": which,
-            "registers": int(regs.group(1)) if regs else None,
-            "spill_bytes": int(spills.group(1)) if spills else None,
+            "registers": regs, "spill_bytes": spills,
             "kernel_instructions": total, "loop_instructions": loop,
             "per_word": round(loop / words, 2),
             "barriers": sum(n for op, n in ops.items() if op.startswith("BAR")),
