@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from benchmarks.gpt_oss_gpu import active_bytes, graph_timed, make_model_dir  # noqa: E402
+from benchmarks.gpt_oss_gpu import active_bytes, make_model_dir  # noqa: E402
+from benchmarks.gpt_oss_moe_layer import graph_timed  # noqa: E402
 from benchmarks.native_gpu import copy_bandwidth, drain, request  # noqa: E402
 
 MXFP4 = 17 / 32  # bytes a value, scales included

@@ -28,7 +28,7 @@ GEMM_DOWN = [(64, 64, 4, 3), (128, 64, 4, 3), (64, 128, 4, 3), (32, 64, 4, 3), (
 
 
 def sweep(experts: int = 32) -> dict:
-    from benchmarks.gpt_oss_gpu import graph_timed
+    from benchmarks.gpt_oss_moe_layer import graph_timed
     from stator.engines.native.kernels import fused_moe as fm
     from stator.engines.native.kernels import moe_gemv as mg
     from tests.engines.native.test_gpu_gpt_oss import _moe
