@@ -52,6 +52,16 @@ def test_choice_reads_one_of_its_values(monkeypatch):
         switches.choice("STATOR_TEST_SWITCH", ("a", "b"))
 
 
+def test_parsed_reads_the_value_or_none_and_names_the_switch_in_a_refusal(monkeypatch):
+    monkeypatch.delenv("STATOR_TEST_SWITCH", raising=False)
+    assert switches.parsed("STATOR_TEST_SWITCH", int) is None
+    monkeypatch.setenv("STATOR_TEST_SWITCH", " 7 ")
+    assert switches.parsed("STATOR_TEST_SWITCH", int) == 7
+    monkeypatch.setenv("STATOR_TEST_SWITCH", "seven")
+    with pytest.raises(ValueError, match=r"^STATOR_TEST_SWITCH: invalid literal"):
+        switches.parsed("STATOR_TEST_SWITCH", int)
+
+
 @pytest.mark.parametrize(
     ("module", "env", "message"),
     [
@@ -63,7 +73,8 @@ def test_choice_reads_one_of_its_values(monkeypatch):
         (
             "kernels.decode_attention",
             {"STATOR_DECODE_TILE": "64,4"},
-            "a decode tile is BLOCK_N,WARPS,STAGES,PREFETCH (e.g. 64,4,2,0), not '64,4'",
+            "STATOR_DECODE_TILE: a decode tile is BLOCK_N,WARPS,STAGES,PREFETCH (e.g. 64,4,2,0),"
+            " not '64,4'",
         ),
         (
             "kernels.decode_attention",

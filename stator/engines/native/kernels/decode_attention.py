@@ -22,7 +22,6 @@ ahead) is a launch choice too: `tile_for` picks it by head size and split count,
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -69,14 +68,9 @@ class DecodeTile:
         return f"{self.block_n},{self.warps},{self.stages},{int(self.prefetch)}"
 
 
-def _tile_from_env() -> DecodeTile | None:
-    raw = os.environ.get("STATOR_DECODE_TILE", "").strip()
-    return DecodeTile.parse(raw) if raw else None
-
-
 #: A tile forced for every launch (env STATOR_DECODE_TILE, "BLOCK_N,WARPS,STAGES,PREFETCH");
 #: None: `tile_for` picks by shape.
-TILE = _tile_from_env()
+TILE = switches.parsed("STATOR_DECODE_TILE", DecodeTile.parse)
 BLOCK_N = 64  # the tiles `tile_for` picks; a forced tile's own length bounds the splits
 _SHORT = DecodeTile(64, 4, 2, False)
 _LONG = DecodeTile(64, 4, 3, True)

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from stator.engines.native.kernels import pdl
 from stator.engines.native.kernels.moe_half2 import _half, e2m1_bits, fma2, pair_index
 
 # (BLOCK_N rows of each expert, groups of 32 values a step, warps) of the up and the down
@@ -43,10 +44,6 @@ ENABLED = True
 # while the up kernel runs (sm_90; never in Triton's interpreter): one layer 40.07 / 39.86
 # us against 41.07 / 40.80 without (default tiles, H100, 2026-11-28).
 DOWN_PDL = True
-
-
-def _sm90(x: torch.Tensor, asm: bool) -> bool:
-    return asm and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] >= 9
 
 
 @triton.jit
@@ -184,7 +181,7 @@ def up(x_pairs, inv, flat_ids, moe, act, shift: int, asm: bool) -> None:
     block_n, g, warps = UP_CONFIG
     tokens, top_k = inv.shape[0], flat_ids.shape[0] // inv.shape[0]
     w13 = moe.w13_blocks.view(torch.int32)
-    hopper = _sm90(act, asm)
+    hopper = asm and pdl.supported(act)
     _up_rows_kernel[(tokens, triton.cdiv(moe.inter, block_n))](
         x_pairs, inv, flat_ids, w13, moe.w13_scales, moe.b13, act, moe.first, w13.stride(0),
         moe.w13_scales.stride(0), moe.alpha, moe.limit, 2.0**shift,
@@ -200,7 +197,7 @@ def down(act, flat_ids, route_w, moe, out, shift: int, asm: bool) -> None:
     tokens, hidden = out.shape
     top_k = flat_ids.shape[0] // tokens
     w2 = moe.w2_blocks.view(torch.int32)
-    hopper = _sm90(out, asm)
+    hopper = asm and pdl.supported(out)
     _down_rows_kernel[(tokens, triton.cdiv(hidden, block_n))](
         act.view(torch.int32), flat_ids, route_w, w2, moe.w2_scales, moe.b2, out, moe.first,
         w2.stride(0), moe.w2_scales.stride(0), 2.0**-shift,

@@ -35,9 +35,15 @@ def _supported(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
+def supported(x: torch.Tensor) -> bool:
+    """Whether `x`'s device can launch kernels with PDL (Hopper or later, not Triton's
+    interpreter), whatever `ENABLED` says: for a kernel pair that opts in on its own."""
+    return x.is_cuda and _supported(x.device.index or 0)
+
+
 def enabled(x: torch.Tensor) -> bool:
     """Whether kernels working on `x` launch with PDL (pass it as `PDL=` and `launch_pdl=`)."""
-    return ENABLED and x.is_cuda and _supported(x.device.index or 0)
+    return ENABLED and supported(x)
 
 
 @triton.jit

@@ -8,6 +8,10 @@ the values it takes instead of failing the first request that meets the kernel."
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _ON = ("1", "true", "on", "yes")
 _OFF = ("0", "false", "off", "no")
@@ -48,3 +52,15 @@ def choice(name: str, choices: tuple[str, ...]) -> str | None:
     if raw not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
     return raw
+
+
+def parsed(name: str, parse: Callable[[str], T]) -> T | None:
+    """`name`'s value read by `parse` (which raises ValueError on text it does not take),
+    the refusal prefixed with the switch's name; None when unset or empty."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
